@@ -1,0 +1,1 @@
+"""pgqueue HTTP API."""

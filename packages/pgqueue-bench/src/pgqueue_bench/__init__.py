@@ -1,0 +1,1 @@
+"""pgqueue benchmark drivers."""

@@ -1,0 +1,43 @@
+"""pgqueue: a durable, at-least-once job queue whose only moving part is PostgreSQL."""
+
+from pgqueue.backoff import backoff_seconds
+from pgqueue.errors import (
+    DatabaseUnavailable,
+    InvalidTransition,
+    JobNotFound,
+    LeaseLost,
+    NoDatabaseConfigured,
+    PgQueueError,
+    ValidationError,
+)
+from pgqueue.hookspecs import hookimpl
+from pgqueue.job import EnqueueResult, Job, JobState, Lease
+from pgqueue.migrations import migrate
+from pgqueue.plugins import LifecycleHooks, TaskHandler, collect_tasks, get_plugin_manager
+from pgqueue.queue import AckBatch, JobPage, JobSpec, Queue, QueueStats
+
+__all__ = [
+    "AckBatch",
+    "DatabaseUnavailable",
+    "EnqueueResult",
+    "InvalidTransition",
+    "Job",
+    "JobNotFound",
+    "JobPage",
+    "JobSpec",
+    "JobState",
+    "Lease",
+    "LeaseLost",
+    "LifecycleHooks",
+    "NoDatabaseConfigured",
+    "PgQueueError",
+    "Queue",
+    "QueueStats",
+    "TaskHandler",
+    "ValidationError",
+    "backoff_seconds",
+    "collect_tasks",
+    "get_plugin_manager",
+    "hookimpl",
+    "migrate",
+]

@@ -1,0 +1,300 @@
+"""The ``pgqueue`` command line.
+
+Other distributions add subcommands (``worker``, ``api``, ``bench``) through the
+``pgqueue.commands`` entry-point group; they reuse :func:`database_options` and
+:func:`open_queue` from here so every command finds its database the same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Callable
+from importlib import metadata
+from typing import Any
+
+import click
+import psycopg
+
+from pgqueue import embedded, migrations
+from pgqueue.errors import NoDatabaseConfigured, PgQueueError
+from pgqueue.job import FINISHED_STATES, JobState
+from pgqueue.plugins import describe_plugins, get_plugin_manager
+from pgqueue.queue import Queue
+from pgqueue.settings import DEFAULT_QUEUE, DEFAULT_SCHEMA, check_schema, resolve_database_url
+
+COMMANDS_GROUP = "pgqueue.commands"
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
+_UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class PgQueueGroup(click.Group):
+    """The root group: built-in commands plus those installed under ``pgqueue.commands``,
+    and one-line errors instead of tracebacks for everything pgqueue raises on purpose."""
+
+    def _plugin_commands(self) -> dict[str, metadata.EntryPoint]:
+        return {ep.name: ep for ep in metadata.entry_points(group=COMMANDS_GROUP)}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(super().list_commands(ctx)) | set(self._plugin_commands()))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            return command
+        entry_point = self._plugin_commands().get(cmd_name)
+        if entry_point is None:
+            return None
+        try:
+            return entry_point.load()
+        except ImportError as exc:
+            # A broken add-on must not take the whole CLI down with it.
+            click.echo(f"warning: command {cmd_name!r} could not be loaded: {exc}", err=True)
+            return None
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PgQueueError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+def database_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Add ``--database-url`` (or DATABASE_URL) and ``--schema`` (or PGQUEUE_SCHEMA)."""
+
+    @click.option(
+        "--database-url",
+        envvar="DATABASE_URL",
+        show_envvar=True,
+        help="PostgreSQL URL. Default: the embedded server, if `pgqueue db start` is running.",
+    )
+    @click.option(
+        "--schema",
+        envvar="PGQUEUE_SCHEMA",
+        show_envvar=True,
+        default=DEFAULT_SCHEMA,
+        show_default=True,
+        help="Schema that holds the jobs table.",
+    )
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return command(*args, **kwargs)
+
+    return wrapper
+
+
+def resolve_url(database_url: str | None) -> str:
+    """The database URL for a command, or a one-line error saying how to give one."""
+    try:
+        return resolve_database_url(database_url)
+    except NoDatabaseConfigured as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def check_reachable(url: str) -> None:
+    """Fail with one clear line if the database cannot be reached."""
+    try:
+        with psycopg.connect(url, connect_timeout=5):
+            pass
+    except psycopg.Error as exc:
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise click.ClickException(f"cannot connect to the database: {reason}") from None
+
+
+def open_queue(database_url: str | None, schema: str, **options: Any) -> Queue:
+    """A Queue on the command's database, checked reachable first."""
+    url = resolve_url(database_url)
+    check_schema(schema)
+    check_reachable(url)
+    return Queue.connect(url, schema=schema, min_size=1, max_size=2, **options)
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``30s``, ``15m``, ``12h``, ``7d`` or ``2w`` (a bare number is seconds)."""
+    match = _DURATION.match(text)
+    if not match:
+        raise click.BadParameter(f"{text!r} is not a duration like 30s, 15m, 12h, 7d or 2w")
+    return float(match[1]) * _UNIT_SECONDS[match[2]]
+
+
+def _echo_json(value: Any) -> None:
+    click.echo(json.dumps(value, indent=2, default=str))
+
+
+@click.group(cls=PgQueueGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="pgqueue-core", prog_name="pgqueue")
+def main() -> None:
+    """pgqueue: a durable, at-least-once job queue on PostgreSQL."""
+
+
+@main.command()
+@database_options
+def migrate(database_url: str | None, schema: str) -> None:
+    """Create or upgrade the jobs table (safe to run from many processes at once)."""
+    url = resolve_url(database_url)
+    check_reachable(url)
+    applied = migrations.migrate(url, schema)
+    if applied:
+        click.echo(f"applied migrations {', '.join(map(str, applied))} to schema {schema}")
+    else:
+        click.echo(f"schema {schema} is up to date")
+
+
+@main.command()
+@click.argument("task")
+@click.option("--payload", default="{}", show_default=True, help="Job payload, a JSON object.")
+@click.option("--queue", default=DEFAULT_QUEUE, show_default=True)
+@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
+@click.option("--delay", "delay_seconds", type=float, help="Seconds before the job may run.")
+@click.option("--idempotency-key", help="Enqueue at most once per key.")
+@click.option("--max-attempts", type=int, default=5, show_default=True)
+@click.option("--timeout", "timeout_seconds", type=float, help="Per-attempt time limit in seconds.")
+@database_options
+def enqueue(
+    task: str,
+    payload: str,
+    database_url: str | None,
+    schema: str,
+    **options: Any,
+) -> None:
+    """Enqueue one TASK and print the job as JSON."""
+    try:
+        body = json.loads(payload)
+    except json.JSONDecodeError as exc:
+        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
+    with open_queue(database_url, schema) as queue:
+        outcome = queue.enqueue(task, body, **options)
+    _echo_json({"created": outcome.created, "job": outcome.job.to_dict()})
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@database_options
+def status(database_url: str | None, schema: str, as_json: bool) -> None:
+    """Counts of jobs per queue and state."""
+    with open_queue(database_url, schema) as queue:
+        stats = queue.stats()
+    if as_json:
+        _echo_json([s.__dict__ for s in stats])
+        return
+    states = [s.value for s in JobState]
+    header = ["queue", *states, "oldest runnable"]
+    rows = [
+        [
+            s.queue,
+            *(str(s.counts[state]) for state in states),
+            "-"
+            if s.oldest_runnable_age_seconds is None
+            else f"{s.oldest_runnable_age_seconds:.1f}s",
+        ]
+        for s in stats
+    ]
+    if not rows:
+        click.echo(f"no jobs in schema {schema}")
+        return
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        click.echo(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip()
+        )
+
+
+@main.command("job")
+@click.argument("job_id", type=int)
+@database_options
+def show_job(job_id: int, database_url: str | None, schema: str) -> None:
+    """Show one job as JSON."""
+    with open_queue(database_url, schema) as queue:
+        _echo_json(queue.get(job_id).to_dict())
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@database_options
+def cancel(job_id: int, database_url: str | None, schema: str) -> None:
+    """Cancel a queued or running job."""
+    with open_queue(database_url, schema) as queue:
+        job = queue.cancel(job_id)
+    click.echo(f"job {job.id} cancelled")
+
+
+@main.command()
+@click.argument("job_id", type=int)
+@database_options
+def retry(job_id: int, database_url: str | None, schema: str) -> None:
+    """Put a dead or cancelled job back to queued."""
+    with open_queue(database_url, schema) as queue:
+        job = queue.retry(job_id)
+    click.echo(f"job {job.id} queued again")
+
+
+@main.command()
+@click.option(
+    "--older-than",
+    required=True,
+    help="Age since the job finished, like 7d, 12h or 30m.",
+)
+@click.option(
+    "--state",
+    "states",
+    multiple=True,
+    type=click.Choice([s.value for s in FINISHED_STATES]),
+    help="Finished state to prune (repeatable). Default: all finished states.",
+)
+@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True)
+@database_options
+def prune(
+    older_than: str, states: tuple[str, ...], batch_size: int, database_url: str | None, schema: str
+) -> None:
+    """Delete finished jobs, in small batches."""
+    seconds = parse_duration(older_than)
+    with open_queue(database_url, schema) as queue:
+        deleted = queue.prune(seconds, states or FINISHED_STATES, batch_size=batch_size)
+    click.echo(f"pruned {deleted} jobs")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+def plugins(as_json: bool) -> None:
+    """Installed plugins, with their versions, tasks and hooks."""
+    infos = describe_plugins(get_plugin_manager())
+    if as_json:
+        _echo_json([info.__dict__ for info in infos])
+        return
+    for info in infos:
+        version = f" {info.version}" if info.version else " (built in)"
+        click.echo(f"{info.name}{version}")
+        click.echo(f"  tasks: {', '.join(info.tasks) or '-'}")
+        click.echo(f"  hooks: {', '.join(info.hooks) or '-'}")
+
+
+@main.group()
+def db() -> None:
+    """The embedded PostgreSQL in ./.pgdata (needs pgqueue-core[local])."""
+
+
+@db.command("start")
+def db_start() -> None:
+    """Start the embedded PostgreSQL, apply migrations, and print its URL."""
+    url = embedded.start()
+    migrations.migrate(url, DEFAULT_SCHEMA)
+    click.echo(url)
+
+
+@db.command("stop")
+def db_stop() -> None:
+    """Stop the embedded PostgreSQL."""
+    if embedded.stop():
+        click.echo("embedded PostgreSQL stopped")
+    else:
+        click.echo("embedded PostgreSQL was not running")
+
+
+@db.command("url")
+def db_url() -> None:
+    """Print the embedded PostgreSQL's URL (it must be running)."""
+    url = embedded.running_url()
+    if url is None:
+        raise click.ClickException("the embedded PostgreSQL is not running: run `pgqueue db start`")
+    click.echo(url)

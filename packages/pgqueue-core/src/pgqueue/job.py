@@ -1,0 +1,87 @@
+"""The job record and its states, as stored in the ``jobs`` table."""
+
+from __future__ import annotations
+
+import enum
+import uuid
+from dataclasses import dataclass, fields
+from datetime import datetime
+from typing import Any
+
+
+class JobState(enum.StrEnum):
+    """Where a job is in its life. See ``sql/migrations/0001_jobs.sql`` for who moves it."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    DEAD = "dead"
+    CANCELLED = "cancelled"
+
+    @property
+    def finished(self) -> bool:
+        """True for the states a job stays in until someone retries or prunes it."""
+        return self in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
+
+
+FINISHED_STATES = tuple(state for state in JobState if state.finished)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One row of the jobs table, as of the statement that returned it."""
+
+    id: int
+    queue: str
+    task: str
+    payload: dict[str, Any]
+    priority: int
+    state: JobState
+    run_at: datetime
+    attempts: int
+    max_attempts: int
+    timeout_seconds: float | None
+    lease_token: uuid.UUID | None
+    lease_expires_at: datetime | None
+    worker_id: str | None
+    enqueued_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    last_error: str | None
+    result: Any
+    idempotency_key: str | None
+
+    @classmethod
+    def from_row(cls, row: dict[str, Any]) -> Job:
+        """Build a Job from a dict row; columns this version does not know are ignored."""
+        values = {f.name: row[f.name] for f in fields(cls)}
+        values["state"] = JobState(values["state"])
+        return cls(**values)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The job as plain JSON-friendly values (ISO timestamps, string token)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, datetime):
+                value = value.isoformat()
+            elif isinstance(value, (uuid.UUID, JobState)):
+                value = value.value if isinstance(value, JobState) else str(value)
+            out[f.name] = value
+        return out
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A worker's claim on one attempt of a job: the job id and its fencing token."""
+
+    job_id: int
+    token: uuid.UUID
+
+
+@dataclass(frozen=True)
+class EnqueueResult:
+    """What ``enqueue`` did: the job, and whether this call created it."""
+
+    job: Job
+    created: bool

@@ -1,0 +1,50 @@
+"""Named SQL statements, loaded from ``sql/queries.sql`` and bound to a schema."""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+from psycopg import sql
+
+_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+# Row-lock clauses a claim may use. ``for-update`` exists only so the benchmark can
+# show what SKIP LOCKED buys: with it, concurrent claimers queue up behind each other.
+CLAIM_LOCKS = {
+    "skip-locked": sql.SQL("FOR UPDATE SKIP LOCKED"),
+    "for-update": sql.SQL("FOR UPDATE"),
+}
+
+
+@cache
+def _raw_queries() -> dict[str, str]:
+    text = resources.files("pgqueue.sql").joinpath("queries.sql").read_text()
+    parts = _NAME_LINE.split(text)
+    # parts = [header, name1, body1, name2, body2, ...]
+    return {
+        name: _strip_comments(body) for name, body in zip(parts[1::2], parts[2::2], strict=False)
+    }
+
+
+def _strip_comments(body: str) -> str:
+    # Comments are for readers of the .sql file; dropping them keeps a %(name)s
+    # mentioned in prose from being taken for a parameter.
+    lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
+    return "\n".join(lines).strip().rstrip(";")
+
+
+def query_names() -> list[str]:
+    """Every named query in the SQL file."""
+    return sorted(_raw_queries())
+
+
+@cache
+def bind(name: str, schema: str, lock: str = "skip-locked") -> sql.Composed:
+    """The statement called ``name`` with its placeholders filled for ``schema``."""
+    try:
+        body = _raw_queries()[name]
+    except KeyError:
+        raise KeyError(f"no query named {name!r} in queries.sql") from None
+    return sql.SQL(body).format(schema=sql.Identifier(schema), lock=CLAIM_LOCKS[lock])

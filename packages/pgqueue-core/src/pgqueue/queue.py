@@ -1,0 +1,615 @@
+"""``Queue``: the one place that speaks SQL to the jobs table.
+
+Every state transition is one statement in its own short transaction, guarded by the
+state it leaves and, for a worker's outcome, by the lease token it was claimed with.
+Lifecycle hooks, when a :class:`~pgqueue.plugins.LifecycleHooks` is given, run after
+that transaction has committed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Collection, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import psycopg
+import psycopg.errors
+import psycopg_pool
+from psycopg.rows import dict_row
+
+from pgqueue import queries, validation
+from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS, backoff_seconds
+from pgqueue.errors import (
+    DatabaseUnavailable,
+    InvalidTransition,
+    JobNotFound,
+    LeaseLost,
+    ValidationError,
+)
+from pgqueue.job import FINISHED_STATES, EnqueueResult, Job, JobState, Lease
+from pgqueue.locks import advisory_key
+from pgqueue.settings import (
+    DEFAULT_LEASE_SECONDS,
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    DEFAULT_SCHEMA,
+    check_schema,
+)
+
+log = logging.getLogger("pgqueue.queue")
+
+CLAIM_MODES = tuple(queries.CLAIM_LOCKS)
+DEFAULT_POOL_TIMEOUT = 5.0
+
+# Connection defaults: fail fast when the server is unreachable, and notice a dead
+# peer through TCP keepalives rather than waiting on the kernel's two-hour default.
+CONNECTION_DEFAULTS = {
+    "connect_timeout": 5,
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "application_name": "pgqueue",
+}
+
+# SQLSTATE classes that mean "the database cannot take this now", not "your call is
+# wrong": connection loss, admin shutdown, read-only server, disk full, timeouts.
+_UNAVAILABLE = (
+    psycopg.OperationalError,
+    psycopg_pool.PoolTimeout,
+    psycopg.errors.ReadOnlySqlTransaction,
+    psycopg.errors.InsufficientResources,
+    psycopg.errors.QueryCanceled,
+    psycopg.errors.LockNotAvailable,
+)
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job to enqueue, validated on construction."""
+
+    task: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+    delay_seconds: float | None = None
+    run_at: datetime | None = None
+    idempotency_key: str | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    timeout_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        validation.name("task", self.task)
+        validation.name("queue", self.queue)
+        validation.priority(self.priority)
+        validation.max_attempts(self.max_attempts)
+        if self.delay_seconds is not None and self.run_at is not None:
+            raise ValidationError("delay_seconds", "give delay_seconds or run_at, not both")
+        if self.delay_seconds is not None:
+            validation.seconds("delay_seconds", self.delay_seconds)
+        if self.run_at is not None:
+            validation.run_at(self.run_at)
+        if self.idempotency_key is not None:
+            validation.idempotency_key(self.idempotency_key)
+        if self.timeout_seconds is not None:
+            validation.seconds("timeout_seconds", self.timeout_seconds, positive=True)
+        # Validate (and measure) the payload once; the text is what gets stored.
+        object.__setattr__(self, "_payload_text", validation.payload(self.payload))
+
+    def params(self) -> dict[str, Any]:
+        """Statement parameters for ``job_insert``."""
+        return {
+            "queue": self.queue,
+            "task": self.task,
+            "payload": self._payload_text,  # type: ignore[attr-defined]
+            "priority": self.priority,
+            "run_at": self.run_at,
+            "delay_seconds": self.delay_seconds or 0.0,
+            "max_attempts": self.max_attempts,
+            "timeout_seconds": self.timeout_seconds,
+            "idempotency_key": self.idempotency_key,
+        }
+
+
+@dataclass(frozen=True)
+class AckBatch:
+    """What ``ack_many`` wrote: succeeded jobs, jobs whose result could not be stored
+    (recorded as failed attempts instead), and the ids whose lease was lost."""
+
+    succeeded: list[Job]
+    failed: list[Job]
+    lost: list[int]
+
+
+@dataclass(frozen=True)
+class JobPage:
+    """One page of ``list``: newest first; pass ``next_after`` to get the next page."""
+
+    jobs: list[Job]
+    next_after: int | None
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Counts per state for one queue, and how long its oldest runnable job has waited."""
+
+    queue: str
+    counts: dict[str, int]
+    oldest_runnable_age_seconds: float | None
+
+
+def default_worker_id() -> str:
+    """host:pid:nonce. The nonce keeps a restarted process that reuses a pid apart."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Queue:
+    """A job queue in one PostgreSQL schema.
+
+    ``Queue.connect(url)`` opens a connection pool; ``Queue(pool)`` uses yours. The
+    pool waits at most ``DEFAULT_POOL_TIMEOUT`` seconds for a connection, and every
+    database failure surfaces as :class:`~pgqueue.errors.DatabaseUnavailable`.
+    """
+
+    def __init__(
+        self,
+        pool: psycopg_pool.ConnectionPool,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        hooks: Any = None,
+        retry_base: float = DEFAULT_BASE_SECONDS,
+        retry_cap: float = DEFAULT_CAP_SECONDS,
+    ) -> None:
+        self.pool = pool
+        self.schema = check_schema(schema)
+        self.hooks = hooks
+        self.retry_base = validation.seconds("retry_base", retry_base, positive=True)
+        self.retry_cap = validation.seconds("retry_cap", retry_cap, positive=True)
+
+    @classmethod
+    def connect(
+        cls,
+        conninfo: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        min_size: int = 1,
+        max_size: int = 10,
+        pool_timeout: float = DEFAULT_POOL_TIMEOUT,
+        prepare: bool = True,
+        **options: Any,
+    ) -> Queue:
+        """Open a pool to ``conninfo`` and return a Queue on it.
+
+        ``prepare=False`` turns off server-side prepared statements, for PgBouncer in
+        transaction mode. Other keyword arguments go to :class:`Queue`.
+        """
+        kwargs: dict[str, Any] = dict(CONNECTION_DEFAULTS)
+        if not prepare:
+            kwargs["prepare_threshold"] = None
+        pool = psycopg_pool.ConnectionPool(
+            conninfo,
+            kwargs=kwargs,
+            min_size=min_size,
+            max_size=max_size,
+            timeout=pool_timeout,
+            open=True,
+            name="pgqueue",
+        )
+        return cls(pool, schema=schema, **options)
+
+    def close(self) -> None:
+        """Close the pool."""
+        self.pool.close()
+
+    def __enter__(self) -> Queue:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def _sql(self, name: str, lock: str = "skip-locked") -> psycopg.sql.Composed:
+        return queries.bind(name, self.schema, lock)
+
+    @contextmanager
+    def _connection(self, conn: psycopg.Connection | None = None) -> Iterator[psycopg.Connection]:
+        """A pooled connection in a transaction that commits on exit, or the caller's own
+        connection untouched (its transaction is the caller's to commit)."""
+        try:
+            if conn is not None:
+                yield conn
+            else:
+                with self.pool.connection() as pooled:
+                    yield pooled
+        except _UNAVAILABLE as exc:
+            raise DatabaseUnavailable(_describe(exc)) from exc
+
+    def _rows(
+        self, name: str, params: dict[str, Any] | None = None, *, conn=None, lock="skip-locked"
+    ) -> list[dict[str, Any]]:
+        with self._connection(conn) as c:
+            cur = c.cursor(row_factory=dict_row)
+            cur.execute(self._sql(name, lock), params)
+            return cur.fetchall() if cur.description else []
+
+    def _notify(self, hook: str, **kwargs: Any) -> None:
+        if self.hooks is not None:
+            self.hooks.call(hook, **kwargs)
+
+    # -- producing --------------------------------------------------------------
+
+    def enqueue(
+        self,
+        task: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        delay_seconds: float | None = None,
+        run_at: datetime | None = None,
+        idempotency_key: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout_seconds: float | None = None,
+        conn: psycopg.Connection | None = None,
+    ) -> EnqueueResult:
+        """Add one job; with an ``idempotency_key`` already in the table, return that job.
+
+        Pass ``conn`` to enqueue inside your own transaction: the job then commits or
+        rolls back with your writes, and workers are woken when you commit.
+        """
+        spec = JobSpec(
+            task=task,
+            payload={} if payload is None else payload,
+            queue=queue,
+            priority=priority,
+            delay_seconds=delay_seconds,
+            run_at=run_at,
+            idempotency_key=idempotency_key,
+            max_attempts=max_attempts,
+            timeout_seconds=timeout_seconds,
+        )
+        return self.enqueue_many([spec], conn=conn)[0]
+
+    def enqueue_many(
+        self, specs: Iterable[JobSpec], *, conn: psycopg.Connection | None = None
+    ) -> list[EnqueueResult]:
+        """Add many jobs in one statement, all or nothing; results follow the input order.
+
+        Items whose idempotency key already exists (or repeats an earlier item's) return
+        the existing job with ``created=False``.
+        """
+        specs = list(specs)
+        if not specs:
+            return []
+        columns = {key: [s.params()[key] for s in specs] for key in specs[0].params()}
+        with self._connection(conn) as c:
+            cur = c.cursor(row_factory=dict_row)
+            cur.execute(self._sql("job_insert_many"), columns)
+            inserted = [Job.from_row(row) for row in cur.fetchall()]
+            return self._match_inserted(cur, specs, inserted)
+
+    def _match_inserted(
+        self, cur: psycopg.Cursor, specs: Sequence[JobSpec], inserted: list[Job]
+    ) -> list[EnqueueResult]:
+        by_key = {job.idempotency_key: job for job in inserted if job.idempotency_key}
+        # Keyless rows always insert, in input order, so identity values follow it.
+        keyless = iter(
+            sorted((j for j in inserted if j.idempotency_key is None), key=lambda j: j.id)
+        )
+        missing = {
+            s.idempotency_key
+            for s in specs
+            if s.idempotency_key and s.idempotency_key not in by_key
+        }
+        existing = self._existing_by_key(cur, missing)
+        results: list[EnqueueResult] = []
+        claimed_keys: set[str] = set()
+        for spec in specs:
+            key = spec.idempotency_key
+            if key is None:
+                results.append(EnqueueResult(next(keyless), created=True))
+            elif key in by_key and key not in claimed_keys:
+                claimed_keys.add(key)
+                results.append(EnqueueResult(by_key[key], created=True))
+            else:
+                results.append(EnqueueResult(by_key.get(key) or existing[key], created=False))
+        return results
+
+    def _existing_by_key(self, cur: psycopg.Cursor, keys: set[str | None]) -> dict[str, Job]:
+        """Jobs holding ``keys``. A key that conflicted belongs to a row committed by a
+        concurrent producer after our statement's snapshot was taken; each new statement
+        takes a new snapshot (READ COMMITTED), so a few tries always find it unless it
+        was pruned in between."""
+        found: dict[str, Job] = {}
+        for _ in range(10):
+            wanted = [k for k in keys if k not in found]
+            if not wanted:
+                return found
+            cur.execute(self._sql("job_get_many_by_idempotency_key"), {"idempotency_keys": wanted})
+            for row in cur.fetchall():
+                job = Job.from_row(row)
+                found[job.idempotency_key] = job  # type: ignore[index]
+        raise DatabaseUnavailable(
+            "idempotency key kept conflicting with a row that kept disappearing"
+        )
+
+    # -- working ----------------------------------------------------------------
+
+    def claim(
+        self,
+        queues: Collection[str],
+        tasks: Collection[str],
+        limit: int = 1,
+        *,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        worker_id: str | None = None,
+        mode: str = "skip-locked",
+    ) -> list[Job]:
+        """Claim up to ``limit`` runnable jobs of ``tasks`` in ``queues``, in one statement.
+
+        Jobs come in claim order (priority DESC, run_at, id), each with a fresh
+        ``lease_token`` valid for ``lease_seconds`` until a heartbeat extends it.
+        """
+        if mode not in CLAIM_MODES:
+            raise ValidationError("mode", f"must be one of {', '.join(CLAIM_MODES)}")
+        if limit < 1 or not tasks or not queues:
+            return []
+        validation.seconds("lease_seconds", lease_seconds, positive=True)
+        params = {
+            "queues": list(queues),
+            "tasks": list(tasks),
+            "limit": limit,
+            "lease_seconds": lease_seconds,
+            "worker_id": worker_id or default_worker_id(),
+        }
+        rows = self._rows("job_claim", params, lock=mode)
+        jobs = sorted((Job.from_row(r) for r in rows), key=lambda j: (-j.priority, j.run_at, j.id))
+        for job in jobs:
+            self._notify("on_start", job=job)
+        return jobs
+
+    def next_run_at(self, queues: Collection[str], tasks: Collection[str]) -> datetime | None:
+        """When the earliest queued job of ``tasks`` in ``queues`` becomes runnable."""
+        rows = self._rows("job_next_run_at", {"queues": list(queues), "tasks": list(tasks)})
+        return rows[0]["next_run_at"] if rows else None
+
+    def heartbeat(
+        self, leases: Iterable[Lease], lease_seconds: float = DEFAULT_LEASE_SECONDS
+    ) -> set[int]:
+        """Extend every lease in one statement; return the ids whose lease was lost."""
+        leases = list(leases)
+        if not leases:
+            return set()
+        rows = self._rows(
+            "job_heartbeat_many",
+            {
+                "ids": [lease.job_id for lease in leases],
+                "tokens": [lease.token for lease in leases],
+                "lease_seconds": lease_seconds,
+            },
+        )
+        kept = {row["id"] for row in rows}
+        return {lease.job_id for lease in leases} - kept
+
+    def ack(self, job: Job, result: Any = None) -> Job:
+        """Mark ``job`` succeeded with ``result``, if its lease is still held.
+
+        A result PostgreSQL cannot store (not JSON, NaN/Infinity, NUL) is recorded as a
+        failed attempt instead, and the returned job says so. Raises
+        :class:`~pgqueue.errors.LeaseLost` when the lease token no longer matches.
+        """
+        batch = self.ack_many([(job, result)])
+        if batch.lost:
+            raise LeaseLost(job.id)
+        return (batch.succeeded or batch.failed)[0]
+
+    def ack_many(self, outcomes: Iterable[tuple[Job, Any]]) -> AckBatch:
+        """Acknowledge many jobs in one statement (results that cannot be stored become
+        failed attempts, each its own statement)."""
+        storable: list[tuple[Job, str]] = []
+        unstorable: list[tuple[Job, str]] = []
+        for job, result in outcomes:
+            try:
+                storable.append((job, validation.jsonb_text("result", result)))
+            except ValidationError as exc:
+                unstorable.append((job, f"result could not be stored: {exc.message}"))
+        succeeded: list[Job] = []
+        lost: list[int] = []
+        if storable:
+            rows = self._rows(
+                "job_ack_many",
+                {
+                    "ids": [job.id for job, _ in storable],
+                    "tokens": [job.lease_token for job, _ in storable],
+                    "results": [text for _, text in storable],
+                },
+            )
+            succeeded = [Job.from_row(row) for row in rows]
+            acked = {job.id for job in succeeded}
+            lost = [job.id for job, _ in storable if job.id not in acked]
+        failed: list[Job] = []
+        for job, error in unstorable:
+            try:
+                failed.append(self.fail(job, error))
+            except LeaseLost:
+                lost.append(job.id)
+        for job in succeeded:
+            self._notify("on_success", job=job, result=job.result)
+        return AckBatch(succeeded=succeeded, failed=failed, lost=lost)
+
+    def fail(self, job: Job, error: str | BaseException) -> Job:
+        """Record a failed attempt of ``job``: back to queued after a backoff, or dead
+        when ``max_attempts`` is used up. Raises LeaseLost if the lease was lost."""
+        message = _error_text(error)
+        rows = self._rows(
+            "job_fail",
+            {
+                "id": job.id,
+                "token": job.lease_token,
+                "error": message,
+                "retry_delay": backoff_seconds(job.attempts, self.retry_base, self.retry_cap),
+            },
+        )
+        if not rows:
+            raise LeaseLost(job.id)
+        failed = Job.from_row(rows[0])
+        self._notify_failed(failed, message)
+        return failed
+
+    def _notify_failed(self, job: Job, message: str) -> None:
+        dead = job.state is JobState.DEAD
+        self._notify("on_fail", job=job, error=message, next_run_at=None if dead else job.run_at)
+        if dead:
+            self._notify("on_dead", job=job)
+
+    def reap(self, limit: int = 1000) -> list[Job] | None:
+        """Return expired leases to queued (with backoff) or dead; one reaper at a time.
+
+        Returns the reaped jobs, or None when another process holds the reaper lock.
+        """
+        with self._connection() as conn:
+            cur = conn.cursor(row_factory=dict_row)
+            cur.execute(self._sql("reaper_try_lock"), {"key": advisory_key("reap", self.schema)})
+            if not cur.fetchone()["locked"]:
+                return None
+            cur.execute(
+                self._sql("job_reap"),
+                {"limit": limit, "base": self.retry_base, "cap": self.retry_cap},
+            )
+            reaped = [Job.from_row(row) for row in cur.fetchall()]
+        for job in reaped:
+            self._notify_failed(job, job.last_error or "lease expired")
+        return reaped
+
+    # -- operating --------------------------------------------------------------
+
+    def get(self, job_id: int) -> Job:
+        """The job with this id. Raises JobNotFound."""
+        rows = self._rows("job_get", {"id": job_id})
+        if not rows:
+            raise JobNotFound(job_id)
+        return Job.from_row(rows[0])
+
+    def cancel(self, job_id: int) -> Job:
+        """Cancel a queued or running job; a running job's lease is revoked, so its
+        worker's outcome is discarded and it is not retried.
+
+        Raises JobNotFound, or InvalidTransition if the job has already finished."""
+        rows = self._rows("job_cancel", {"id": job_id})
+        if not rows:
+            raise InvalidTransition(job_id, self.get(job_id).state.value, "cancel")
+        job = Job.from_row(rows[0])
+        self._notify("on_cancel", job=job)
+        return job
+
+    def retry(self, job_id: int) -> Job:
+        """Put a dead or cancelled job back to queued, runnable now, attempts reset to 0.
+
+        Raises JobNotFound, or InvalidTransition for any other state."""
+        rows = self._rows("job_retry", {"id": job_id})
+        if not rows:
+            raise InvalidTransition(job_id, self.get(job_id).state.value, "retry")
+        job = Job.from_row(rows[0])
+        self._notify("on_retry", job=job)
+        return job
+
+    def list(
+        self,
+        *,
+        queue: str | None = None,
+        state: str | JobState | None = None,
+        task: str | None = None,
+        limit: int = 50,
+        after: int | None = None,
+    ) -> JobPage:
+        """Jobs newest first, filtered; ``after`` is the previous page's ``next_after``."""
+        if state is not None:
+            try:
+                state = JobState(state).value
+            except ValueError:
+                raise ValidationError(
+                    "state", f"must be one of {', '.join(s.value for s in JobState)}"
+                ) from None
+        if not 1 <= limit <= 1000:
+            raise ValidationError("limit", "must be between 1 and 1000")
+        rows = self._rows(
+            "job_list",
+            {"queue": queue, "state": state, "task": task, "limit": limit + 1, "after": after},
+        )
+        jobs = [Job.from_row(row) for row in rows[:limit]]
+        return JobPage(jobs=jobs, next_after=jobs[-1].id if len(rows) > limit else None)
+
+    def stats(self) -> list[QueueStats]:
+        """Counts per queue and state, read in one snapshot."""
+        by_queue: dict[str, QueueStats] = {}
+        for row in self._rows("queue_stats"):
+            stats = by_queue.setdefault(
+                row["queue"],
+                QueueStats(row["queue"], {s.value: 0 for s in JobState}, None),
+            )
+            stats.counts[row["state"]] = row["jobs"]
+            if row["oldest_runnable_age_seconds"] is not None:
+                by_queue[row["queue"]] = QueueStats(
+                    stats.queue, stats.counts, float(row["oldest_runnable_age_seconds"])
+                )
+        return list(by_queue.values())
+
+    def prune(
+        self,
+        older_than: timedelta | float,
+        states: Iterable[str | JobState] = FINISHED_STATES,
+        *,
+        batch_size: int = 1000,
+    ) -> int:
+        """Delete finished jobs that finished longer ago than ``older_than``, in batches
+        of ``batch_size`` (one short transaction each). Returns how many were deleted.
+        Their idempotency keys become free again."""
+        seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
+        validation.seconds("older_than", seconds)
+        chosen = [JobState(s) for s in states]
+        if any(not s.finished for s in chosen):
+            raise ValidationError("states", "only succeeded, dead and cancelled jobs can be pruned")
+        total = 0
+        while True:
+            with self._connection() as conn:
+                cur = conn.execute(
+                    self._sql("job_prune"),
+                    {
+                        "states": [s.value for s in chosen],
+                        "older_than_seconds": seconds,
+                        "batch_size": batch_size,
+                    },
+                )
+                deleted = cur.rowcount
+            total += deleted
+            if deleted < batch_size:
+                return total
+
+
+def _error_text(error: str | BaseException) -> str:
+    text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
+    # PostgreSQL text cannot hold NUL, and an error message must never fail to store.
+    return text.replace("\x00", "\\0")[:10_000]
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return f"database unavailable: {text}"
+
+
+__all__ = [
+    "CLAIM_MODES",
+    "AckBatch",
+    "JobPage",
+    "JobSpec",
+    "Queue",
+    "QueueStats",
+    "default_worker_id",
+]

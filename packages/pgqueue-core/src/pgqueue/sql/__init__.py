@@ -1,0 +1,1 @@
+"""SQL shipped with pgqueue: named queries and numbered migrations."""

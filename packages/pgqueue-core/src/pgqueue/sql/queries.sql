@@ -1,0 +1,206 @@
+-- Every statement pgqueue runs, named Entity+Verb. Each state transition is one
+-- statement, guarded by the state it leaves (and by the lease token where a worker
+-- holds the job), and reads only the database clock.
+--
+-- Placeholders: {schema} is the quoted schema name, {lock} the row-lock clause of a
+-- claim. Parameters use psycopg's %(name)s style.
+
+-- name: job_insert
+INSERT INTO {schema}.jobs
+    (queue, task, payload, priority, run_at, max_attempts, timeout_seconds, idempotency_key)
+VALUES
+    (%(queue)s, %(task)s, %(payload)s, %(priority)s,
+     COALESCE(%(run_at)s, now() + make_interval(secs => %(delay_seconds)s)),
+     %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s)
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *;
+
+-- name: job_get_by_idempotency_key
+SELECT * FROM {schema}.jobs WHERE idempotency_key = %(idempotency_key)s;
+
+-- name: job_insert_many
+-- Rows go in in request order, so identity values follow it.
+INSERT INTO {schema}.jobs
+    (queue, task, payload, priority, run_at, max_attempts, timeout_seconds, idempotency_key)
+SELECT queue, task, payload, priority,
+       COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
+       max_attempts, timeout_seconds, idempotency_key
+FROM unnest(
+    %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[], %(priority)s::smallint[],
+    %(run_at)s::timestamptz[], %(delay_seconds)s::float8[], %(max_attempts)s::int[],
+    %(timeout_seconds)s::float8[], %(idempotency_key)s::text[]
+) WITH ORDINALITY AS item (queue, task, payload, priority, run_at, delay_seconds,
+                           max_attempts, timeout_seconds, idempotency_key, position)
+ORDER BY position
+ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *;
+
+-- name: job_get_many_by_idempotency_key
+SELECT * FROM {schema}.jobs WHERE idempotency_key = ANY(%(idempotency_keys)s::text[]);
+
+-- name: job_claim
+-- queued -> running for up to %(limit)s runnable jobs in claim order. Each claim is a
+-- new attempt with a fresh lease token.
+WITH claimable AS (
+    SELECT id FROM {schema}.jobs
+    WHERE state = 'queued'
+      AND queue = ANY(%(queues)s::text[])
+      AND task = ANY(%(tasks)s::text[])
+      AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    {lock}
+)
+UPDATE {schema}.jobs AS job
+SET state = 'running',
+    attempts = job.attempts + 1,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    worker_id = %(worker_id)s,
+    started_at = now()
+FROM claimable
+WHERE job.id = claimable.id
+RETURNING job.*;
+
+-- name: job_next_run_at
+-- When the next job this worker could claim becomes runnable, to sleep until then.
+SELECT min(run_at) AS next_run_at FROM {schema}.jobs
+WHERE state = 'queued'
+  AND queue = ANY(%(queues)s::text[])
+  AND task = ANY(%(tasks)s::text[]);
+
+-- name: job_heartbeat_many
+-- Extends every lease still held; a lease missing from the result was lost.
+UPDATE {schema}.jobs AS job
+SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS lease (id, token)
+WHERE job.id = lease.id AND job.lease_token = lease.token AND job.state = 'running'
+RETURNING job.id;
+
+-- name: job_ack_many
+-- running -> succeeded, for the leases still held.
+UPDATE {schema}.jobs AS job
+SET state = 'succeeded',
+    result = done.result,
+    finished_at = now(),
+    lease_token = NULL,
+    lease_expires_at = NULL
+FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[]) AS done (id, token, result)
+WHERE job.id = done.id AND job.lease_token = done.token AND job.state = 'running'
+RETURNING job.*;
+
+-- name: job_fail
+-- running -> queued after a backoff, or -> dead once the attempts are used up.
+UPDATE {schema}.jobs AS job
+SET state = CASE WHEN job.attempts >= job.max_attempts
+                 THEN 'dead' ELSE 'queued' END::{schema}.job_state,
+    run_at = CASE WHEN job.attempts >= job.max_attempts
+                  THEN job.run_at ELSE now() + make_interval(secs => %(retry_delay)s) END,
+    finished_at = CASE WHEN job.attempts >= job.max_attempts THEN now() END,
+    last_error = %(error)s,
+    lease_token = NULL,
+    lease_expires_at = NULL
+WHERE job.id = %(id)s AND job.lease_token = %(token)s AND job.state = 'running'
+RETURNING job.*;
+
+-- name: job_reap
+-- running -> queued or dead for leases that expired: the attempt counts as failed
+-- and backs off like any other (delay = min(cap, base * 2^(attempt-1)), half of it
+-- random, the same rule as pgqueue.backoff).
+WITH expired AS (
+    SELECT id FROM {schema}.jobs
+    WHERE state = 'running' AND lease_expires_at < now()
+    ORDER BY lease_expires_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs AS job
+SET state = CASE WHEN job.attempts >= job.max_attempts
+                 THEN 'dead' ELSE 'queued' END::{schema}.job_state,
+    run_at = CASE WHEN job.attempts >= job.max_attempts THEN job.run_at
+                  ELSE now() + make_interval(secs =>
+                      least(%(cap)s::float8,
+                            %(base)s::float8 * power(2::float8, least(job.attempts - 1, 62)))
+                      * (0.5 + random() / 2))
+             END,
+    finished_at = CASE WHEN job.attempts >= job.max_attempts THEN now() END,
+    last_error = 'lease expired after ' || to_char(now() - job.started_at, 'HH24:MI:SS.MS')
+                 || ' (worker ' || coalesce(job.worker_id, 'unknown') || ' stopped heartbeating)',
+    lease_token = NULL,
+    lease_expires_at = NULL
+FROM expired
+WHERE job.id = expired.id
+RETURNING job.*;
+
+-- name: job_cancel
+-- queued | running -> cancelled. Clearing the lease token fences out a running worker.
+UPDATE {schema}.jobs
+SET state = 'cancelled', finished_at = now(), lease_token = NULL, lease_expires_at = NULL
+WHERE id = %(id)s AND state IN ('queued', 'running')
+RETURNING *;
+
+-- name: job_retry
+-- dead | cancelled -> queued, runnable now, with its attempts reset.
+UPDATE {schema}.jobs
+SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL, result = NULL,
+    lease_token = NULL, lease_expires_at = NULL, worker_id = NULL
+WHERE id = %(id)s AND state IN ('dead', 'cancelled')
+RETURNING *;
+
+-- name: job_get
+SELECT * FROM {schema}.jobs WHERE id = %(id)s;
+
+-- name: job_list
+-- Newest first; %(after)s is the id of the last job of the previous page.
+SELECT * FROM {schema}.jobs
+WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
+  AND (%(state)s::text IS NULL OR state = %(state)s::{schema}.job_state)
+  AND (%(task)s::text IS NULL OR task = %(task)s)
+  AND (%(after)s::bigint IS NULL OR id < %(after)s)
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: queue_stats
+-- Counts per queue and state, and the age of the oldest runnable job, in one snapshot.
+SELECT queue,
+       state::text AS state,
+       count(*) AS jobs,
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'queued' AND run_at <= now()))
+           AS oldest_runnable_age_seconds
+FROM {schema}.jobs
+GROUP BY queue, state
+ORDER BY queue, state;
+
+-- name: job_prune
+-- Deletes one batch of finished jobs older than the cutoff; run until it deletes none.
+DELETE FROM {schema}.jobs
+WHERE id IN (
+    SELECT id FROM {schema}.jobs
+    WHERE state = ANY(%(states)s::{schema}.job_state[])
+      AND finished_at < now() - make_interval(secs => %(older_than_seconds)s)
+    LIMIT %(batch_size)s
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: reaper_try_lock
+-- Transaction-scoped, so it is safe behind PgBouncer; the reap runs in the same transaction.
+SELECT pg_try_advisory_xact_lock(%(key)s) AS locked;
+
+-- name: migration_lock
+SELECT pg_advisory_xact_lock(%(key)s);
+
+-- name: migration_table_create
+CREATE TABLE IF NOT EXISTS {schema}.migrations (
+    version    integer PRIMARY KEY,
+    name       text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: migration_applied
+SELECT version FROM {schema}.migrations ORDER BY version;
+
+-- name: migration_record
+INSERT INTO {schema}.migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: database_now
+SELECT now() AS now;

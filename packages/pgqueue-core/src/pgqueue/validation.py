@@ -1,0 +1,143 @@
+"""Checks on everything a producer hands to pgqueue, before it reaches PostgreSQL.
+
+Each failure raises :class:`~pgqueue.errors.ValidationError` naming the field, so the
+HTTP API can answer 422 and a library caller sees which argument was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from datetime import datetime
+from typing import Any
+
+from pgqueue.errors import ValidationError
+
+NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
+NAME_MAX_LENGTH = 128
+"""Queue and task names: 1 to 128 characters of ``A-Z a-z 0-9 _ . : -``, starting
+with a letter or digit."""
+
+PRIORITY_MIN = -1000
+PRIORITY_MAX = 1000
+"""Higher priorities are claimed first."""
+
+PAYLOAD_MAX_BYTES = 1_048_576
+IDEMPOTENCY_KEY_MAX_LENGTH = 255
+MAX_ATTEMPTS_LIMIT = 1000
+
+
+def name(field: str, value: object) -> str:
+    """A queue or task name."""
+    if not isinstance(value, str):
+        raise ValidationError(field, "must be a string")
+    if not value:
+        raise ValidationError(field, "must not be empty")
+    if len(value) > NAME_MAX_LENGTH:
+        raise ValidationError(field, f"must be at most {NAME_MAX_LENGTH} characters")
+    if not NAME_PATTERN.match(value):
+        raise ValidationError(
+            field,
+            "may contain only letters, digits, '_', '.', ':' and '-', starting with a letter or digit",
+        )
+    return value
+
+
+def priority(value: object) -> int:
+    """A priority in [PRIORITY_MIN, PRIORITY_MAX]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError("priority", "must be an integer")
+    if not PRIORITY_MIN <= value <= PRIORITY_MAX:
+        raise ValidationError("priority", f"must be between {PRIORITY_MIN} and {PRIORITY_MAX}")
+    return value
+
+
+def max_attempts(value: object) -> int:
+    """How many claims a job gets before it is dead."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError("max_attempts", "must be an integer")
+    if not 1 <= value <= MAX_ATTEMPTS_LIMIT:
+        raise ValidationError("max_attempts", f"must be between 1 and {MAX_ATTEMPTS_LIMIT}")
+    return value
+
+
+def seconds(field: str, value: object, *, positive: bool = False) -> float:
+    """A finite, non-negative (or positive) number of seconds."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValidationError(field, "must be a number of seconds")
+    if not math.isfinite(value):
+        raise ValidationError(field, "must be finite")
+    if positive and value <= 0:
+        raise ValidationError(field, "must be greater than 0")
+    if value < 0:
+        raise ValidationError(field, "must not be negative")
+    return float(value)
+
+
+def run_at(value: object) -> datetime:
+    """A timezone-aware moment; naive datetimes are ambiguous and refused."""
+    if not isinstance(value, datetime):
+        raise ValidationError("run_at", "must be a datetime")
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise ValidationError("run_at", "must include a time zone")
+    return value
+
+
+def idempotency_key(value: object) -> str:
+    """An idempotency key: 1 to 255 characters."""
+    if not isinstance(value, str):
+        raise ValidationError("idempotency_key", "must be a string")
+    if not value:
+        raise ValidationError("idempotency_key", "must not be empty")
+    if len(value) > IDEMPOTENCY_KEY_MAX_LENGTH:
+        raise ValidationError(
+            "idempotency_key", f"must be at most {IDEMPOTENCY_KEY_MAX_LENGTH} characters"
+        )
+    if "\x00" in value:
+        raise ValidationError("idempotency_key", "must not contain NUL characters")
+    return value
+
+
+def jsonb_text(field: str, value: Any) -> str:
+    """``value`` as JSON text that PostgreSQL's jsonb accepts.
+
+    jsonb stores neither NaN nor Infinity, nor the NUL character, so those are refused
+    here with the field named rather than by the server mid-transaction.
+    """
+    _refuse_nul(field, value)
+    try:
+        return json.dumps(value, allow_nan=False, separators=(",", ":"))
+    except ValueError:
+        raise ValidationError(
+            field, "contains NaN or Infinity, which JSON cannot represent"
+        ) from None
+    except (TypeError, RecursionError) as exc:
+        raise ValidationError(field, f"is not JSON-serialisable ({exc})") from None
+
+
+def payload(value: object) -> str:
+    """A job payload: a JSON object of at most PAYLOAD_MAX_BYTES, as jsonb text."""
+    if not isinstance(value, dict):
+        raise ValidationError("payload", "must be a JSON object")
+    text = jsonb_text("payload", value)
+    if len(text.encode()) > PAYLOAD_MAX_BYTES:
+        raise ValidationError("payload", f"must be at most {PAYLOAD_MAX_BYTES} bytes as JSON")
+    return text
+
+
+def _refuse_nul(field: str, value: Any, depth: int = 0) -> None:
+    if depth > 200:
+        raise ValidationError(field, "is nested too deeply")
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise ValidationError(
+                field, "contains a NUL character (\\u0000), which PostgreSQL cannot store"
+            )
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _refuse_nul(field, key, depth + 1)
+            _refuse_nul(field, item, depth + 1)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _refuse_nul(field, item, depth + 1)

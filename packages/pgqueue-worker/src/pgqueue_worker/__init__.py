@@ -1,0 +1,1 @@
+"""pgqueue worker: runs task handlers on jobs claimed under leases."""
