@@ -33,9 +33,12 @@ def server_url() -> str:
 
 
 @pytest.fixture(scope="session")
-def database_url(server_url: str, worker_id: str) -> Iterator[str]:
-    """A database of this test process's own on the server under test."""
-    name = f"pgqueue_test_{worker_id}"
+def database_url(server_url: str, worker_id: str, testrun_uid: str) -> Iterator[str]:
+    """A database of this test process's own on the server under test.
+
+    The name carries the run's id too, so two test runs against one server (two
+    checkouts, or a developer and CI) never drop each other's databases."""
+    name = f"pgqueue_test_{testrun_uid[:8]}_{worker_id}"
     with psycopg.connect(server_url, autocommit=True) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
