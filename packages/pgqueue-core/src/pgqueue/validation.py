@@ -26,6 +26,8 @@ PRIORITY_MAX = 1000
 PAYLOAD_MAX_BYTES = 1_048_576
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
 MAX_ATTEMPTS_LIMIT = 1000
+MAX_SECONDS = 10 * 366 * 86400
+"""Delays and timeouts are capped at about ten years, well inside PostgreSQL's interval range."""
 
 
 def name(field: str, value: object) -> str:
@@ -72,6 +74,8 @@ def seconds(field: str, value: object, *, positive: bool = False) -> float:
         raise ValidationError(field, "must be greater than 0")
     if value < 0:
         raise ValidationError(field, "must not be negative")
+    if value > MAX_SECONDS:
+        raise ValidationError(field, f"must be at most {MAX_SECONDS} seconds (about ten years)")
     return float(value)
 
 

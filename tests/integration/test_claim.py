@@ -1,0 +1,84 @@
+"""Claiming: one statement, claim order, task filters, and no job claimed twice."""
+
+import threading
+import time
+from collections import Counter
+
+import pytest
+
+from pgqueue import JobSpec, JobState
+
+
+def test_claim_takes_many_jobs_in_priority_then_run_at_order(queue):
+    low = queue.enqueue("t", priority=-1).job
+    first = queue.enqueue("t", priority=0).job
+    second = queue.enqueue("t", priority=0).job
+    urgent = queue.enqueue("t", priority=10).job
+    claimed = queue.claim(["default"], ["t"], limit=10, worker_id="w")
+    assert [j.id for j in claimed] == [urgent.id, first.id, second.id, low.id]
+    assert all(j.state is JobState.RUNNING and j.attempts == 1 for j in claimed)
+    assert len({j.lease_token for j in claimed}) == 4
+    assert all(j.worker_id == "w" and j.lease_expires_at > j.started_at for j in claimed)
+
+
+def test_claim_respects_limit_queues_tasks_and_run_at(queue):
+    queue.enqueue("mine", queue="a")
+    queue.enqueue("mine", queue="b")
+    queue.enqueue("theirs", queue="a")
+    queue.enqueue("mine", queue="a", delay_seconds=3600)
+    queue.enqueue("mine", queue="a")
+    claimed = queue.claim(["a"], ["mine"], limit=1)
+    assert len(claimed) == 1
+    rest = queue.claim(["a"], ["mine"], limit=10)
+    assert len(rest) == 1
+    assert {(j.queue, j.task) for j in claimed + rest} == {("a", "mine")}
+    assert queue.claim(["a"], [], limit=10) == []
+
+
+@pytest.mark.parametrize("mode", ["skip-locked", "for-update"])
+def test_concurrent_claimers_never_share_a_job_and_together_take_all(queue, mode):
+    total = 2000 if mode == "skip-locked" else 300
+    queue.enqueue_many(JobSpec("t", {"i": i}) for i in range(total))
+    claimed: list[int] = []
+    lock = threading.Lock()
+    barrier = threading.Barrier(8)
+
+    def claimer(n: int) -> None:
+        barrier.wait()
+        while True:
+            jobs = queue.claim(["default"], ["t"], limit=1 + n % 7, worker_id=f"w{n}", mode=mode)
+            if not jobs:
+                return
+            with lock:
+                claimed.extend(j.id for j in jobs)
+
+    threads = [threading.Thread(target=claimer, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    duplicates = [job_id for job_id, n in Counter(claimed).items() if n > 1]
+    assert duplicates == []
+    assert len(claimed) == total
+
+
+def test_next_run_at_is_the_earliest_queued_job_of_these_tasks(queue):
+    assert queue.next_run_at(["default"], ["t"]) is None
+    later = queue.enqueue("t", delay_seconds=50).job
+    queue.enqueue("other", delay_seconds=5)
+    assert queue.next_run_at(["default"], ["t"]) == later.run_at
+
+
+def test_heartbeat_extends_held_leases_and_reports_lost_ones(queue):
+    queue.enqueue_many([JobSpec("t"), JobSpec("t")])
+    kept, cancelled = queue.claim(["default"], ["t"], limit=2, lease_seconds=5)
+    queue.cancel(cancelled.id)
+    time.sleep(0.05)
+    from pgqueue import Lease
+
+    lost = queue.heartbeat(
+        [Lease(kept.id, kept.lease_token), Lease(cancelled.id, cancelled.lease_token)],
+        lease_seconds=60,
+    )
+    assert lost == {cancelled.id}
+    assert queue.get(kept.id).lease_expires_at > kept.lease_expires_at

@@ -1,0 +1,147 @@
+"""Ack, fail, reap, cancel and retry: fencing, backoff, attempts and dead-lettering."""
+
+import time
+from datetime import timedelta
+
+import pytest
+
+from pgqueue import InvalidTransition, JobNotFound, JobState, LeaseLost, Queue
+from pgqueue.backoff import backoff_ceiling
+
+
+def claim_one(queue: Queue, **kwargs):
+    (job,) = queue.claim(["default"], ["t"], limit=1, **kwargs)
+    return job
+
+
+def test_ack_stores_the_result_and_finishes_the_job(queue):
+    queue.enqueue("t")
+    job = queue.ack(claim_one(queue), {"answer": 42})
+    assert job.state is JobState.SUCCEEDED and job.result == {"answer": 42}
+    assert job.finished_at >= job.started_at and job.lease_token is None
+
+
+def test_stale_worker_cannot_ack_after_its_lease_was_reaped(queue):
+    queue.enqueue("t")
+    stale = claim_one(queue, lease_seconds=0.2)
+    time.sleep(0.4)
+    (reaped,) = queue.reap()
+    assert reaped.state is JobState.QUEUED and "lease expired" in reaped.last_error
+    with pytest.raises(LeaseLost):
+        queue.ack(stale, "late")
+    with pytest.raises(LeaseLost):
+        queue.fail(stale, "late")
+    # The job is claimable again, and the new attempt's ack is the one that counts.
+    make_runnable(queue)
+    fresh = claim_one(queue)
+    assert fresh.attempts == 2 and fresh.lease_token != stale.lease_token
+    assert queue.ack(fresh, "fresh").result == "fresh"
+    with pytest.raises(LeaseLost):
+        queue.ack(stale, "late again")
+    assert queue.get(fresh.id).result == "fresh"
+
+
+def test_cancelling_a_running_job_revokes_its_lease(queue):
+    queue.enqueue("t")
+    running = claim_one(queue)
+    assert queue.cancel(running.id).state is JobState.CANCELLED
+    with pytest.raises(LeaseLost):
+        queue.ack(running, "too late")
+    assert queue.get(running.id).state is JobState.CANCELLED
+    with pytest.raises(InvalidTransition, match="cancelled"):
+        queue.cancel(running.id)
+    with pytest.raises(JobNotFound):
+        queue.cancel(10**12)
+
+
+def make_runnable(queue: Queue) -> None:
+    with queue.pool.connection() as conn:
+        conn.execute(f"UPDATE {queue.schema}.jobs SET run_at = now() WHERE state = 'queued'")
+
+
+def test_a_job_that_keeps_failing_is_dead_after_max_attempts(queue):
+    queue.enqueue("t", max_attempts=3)
+    for attempt in (1, 2, 3):
+        job = claim_one(queue)
+        assert job.attempts == attempt
+        failed = queue.fail(job, RuntimeError(f"boom {attempt}"))
+        make_runnable(queue)
+    assert failed.state is JobState.DEAD and failed.attempts == 3
+    assert failed.last_error == "RuntimeError: boom 3" and failed.finished_at is not None
+    assert queue.claim(["default"], ["t"], limit=1) == []
+
+
+def test_attempts_count_claims_so_two_failures_then_success_is_three(queue):
+    queue.enqueue("t")
+    for _ in range(2):
+        queue.fail(claim_one(queue), "no")
+        make_runnable(queue)
+    done = queue.ack(claim_one(queue), "yes")
+    assert (done.state, done.attempts) == (JobState.SUCCEEDED, 3)
+
+
+def test_failed_attempt_backs_off_within_half_to_full_ceiling(queue):
+    q = Queue(queue.pool, schema=queue.schema, retry_base=10, retry_cap=1000)
+    q.enqueue("t")
+    job = claim_one(q)
+    failed = q.fail(job, "x")
+    delay = (failed.run_at - job.started_at).total_seconds()
+    assert backoff_ceiling(1, 10, 1000) / 2 - 1 <= delay <= backoff_ceiling(1, 10, 1000) + 1
+
+
+def test_reaper_backs_off_and_dead_letters_expired_leases(queue):
+    q = Queue(queue.pool, schema=queue.schema, retry_base=100, retry_cap=1000)
+    q.enqueue("t", max_attempts=2)
+    q.claim(["default"], ["t"], limit=1, lease_seconds=0.1)
+    time.sleep(0.3)
+    (requeued,) = q.reap()
+    wait = requeued.run_at - requeued.started_at
+    assert timedelta(seconds=50) <= wait <= timedelta(seconds=101)
+    make_runnable(q)
+    q.claim(["default"], ["t"], limit=1, lease_seconds=0.1)
+    time.sleep(0.3)
+    (dead,) = q.reap()
+    assert dead.state is JobState.DEAD and dead.attempts == 2
+
+
+def test_only_one_reaper_runs_at_a_time(queue):
+    with queue.pool.connection() as holder:
+        from pgqueue.locks import advisory_key
+
+        holder.execute("SELECT pg_advisory_xact_lock(%s)", (advisory_key("reap", queue.schema),))
+        assert queue.reap() is None
+    assert queue.reap() == []
+
+
+@pytest.mark.parametrize(
+    ("result", "reason"),
+    [
+        (float("nan"), "NaN"),
+        ({"text": "nul\x00here"}, "NUL"),
+        ({"when": object()}, "not JSON-serialisable"),
+    ],
+)
+def test_a_result_postgres_cannot_store_becomes_a_failed_attempt(queue, result, reason):
+    queue.enqueue("t")
+    job = queue.ack(claim_one(queue), result)
+    assert job.state is JobState.QUEUED and job.attempts == 1
+    assert job.last_error.startswith("result could not be stored") and reason in job.last_error
+
+
+def test_an_error_message_with_nul_is_stored(queue):
+    queue.enqueue("t")
+    failed = queue.fail(claim_one(queue), "bad\x00byte")
+    assert failed.last_error == "bad\\0byte"
+
+
+def test_retry_puts_dead_and_cancelled_jobs_back_with_attempts_reset(queue):
+    queue.enqueue("t", max_attempts=1)
+    dead = queue.fail(claim_one(queue), "x")
+    assert dead.state is JobState.DEAD
+    again = queue.retry(dead.id)
+    assert (again.state, again.attempts) == (JobState.QUEUED, 0)
+    assert claim_one(queue).id == dead.id
+    with pytest.raises(InvalidTransition, match="running"):
+        queue.retry(dead.id)
+    cancelled = queue.cancel(queue.enqueue("t").job.id)
+    assert queue.retry(cancelled.id).state is JobState.QUEUED
