@@ -1,7 +1,7 @@
 """Enqueue: validation, idempotency (also under a race), bulk and transactional enqueue."""
 
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -22,7 +22,7 @@ def test_enqueue_stores_the_job_with_database_timestamps(queue):
 def test_delay_and_run_at_set_when_the_job_becomes_runnable(queue):
     delayed = queue.enqueue("echo", delay_seconds=60).job
     assert delayed.run_at - delayed.enqueued_at == timedelta(seconds=60)
-    moment = datetime(2031, 5, 1, 12, tzinfo=timezone.utc)
+    moment = datetime(2031, 5, 1, 12, tzinfo=UTC)
     assert queue.enqueue("echo", run_at=moment).job.run_at == moment
 
 

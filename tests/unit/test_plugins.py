@@ -77,7 +77,7 @@ def test_two_plugins_registering_one_task_name_is_an_error(pm):
 
     pm.register(First(), name="first")
     pm.register(Second(), name="second")
-    with pytest.raises(TaskConflict, match="first.*second|second.*first"):
+    with pytest.raises(TaskConflict, match=r"first.*second|second.*first"):
         collect_tasks(pm)
 
 

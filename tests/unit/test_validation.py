@@ -1,4 +1,4 @@
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
 
@@ -37,7 +37,7 @@ def field_of(**kwargs) -> str:
         ({"delay_seconds": 1e300}, "delay_seconds"),
         ({"run_at": datetime(2030, 1, 1)}, "run_at"),
         (
-            {"delay_seconds": 1, "run_at": datetime(2030, 1, 1, tzinfo=timezone.utc)},
+            {"delay_seconds": 1, "run_at": datetime(2030, 1, 1, tzinfo=UTC)},
             "delay_seconds",
         ),
         ({"idempotency_key": ""}, "idempotency_key"),
@@ -55,7 +55,7 @@ def test_a_valid_job_spec_is_accepted():
         {"to": "a@example.com", "n": [1, 2.5, None]},
         queue="mail:eu-1",
         priority=-1000,
-        run_at=datetime(2030, 1, 1, tzinfo=timezone.utc),
+        run_at=datetime(2030, 1, 1, tzinfo=UTC),
         idempotency_key="order-42",
         max_attempts=1,
         timeout_seconds=0.5,
