@@ -288,7 +288,8 @@ class Queue:
         specs = list(specs)
         if not specs:
             return []
-        columns = {key: [s.params()[key] for s in specs] for key in specs[0].params()}
+        rows = [spec.params() for spec in specs]
+        columns = {key: [row[key] for row in rows] for key in rows[0]}
         with self._connection(conn) as c:
             cur = c.cursor(row_factory=dict_row)
             cur.execute(self._sql("job_insert_many"), columns)
