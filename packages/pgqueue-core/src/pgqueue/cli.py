@@ -18,6 +18,7 @@ import click
 import psycopg
 
 from pgqueue import embedded, migrations
+from pgqueue.dev import dev
 from pgqueue.errors import NoDatabaseConfigured, PgQueueError
 from pgqueue.job import FINISHED_STATES, JobState
 from pgqueue.plugins import describe_plugins, get_plugin_manager
@@ -298,3 +299,6 @@ def db_url() -> None:
     if url is None:
         raise click.ClickException("the embedded PostgreSQL is not running: run `pgqueue db start`")
     click.echo(url)
+
+
+main.add_command(dev)
