@@ -1,0 +1,1 @@
+"""pytest fixtures for pgqueue handler tests; the fixtures live in ``pytest_pgqueue.plugin``."""

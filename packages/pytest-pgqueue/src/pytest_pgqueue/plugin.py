@@ -1,0 +1,115 @@
+"""pytest fixtures for testing pgqueue handlers against a real PostgreSQL.
+
+The server is ``DATABASE_URL`` when set, otherwise the embedded PostgreSQL 18 in
+``./.pgdata`` (started if needed, left running). Every test process gets a database of
+its own and every test a freshly migrated schema, so ``pytest -n auto`` is safe.
+
+Fixtures:
+
+- ``pgqueue_server_url``: the server (session).
+- ``pgqueue_database_url``: this test process's own database on it (session).
+- ``pgqueue_schema``: a migrated schema for this test, dropped afterwards.
+- ``pgqueue_queue``: a :class:`pgqueue.Queue` on that schema.
+- ``pgqueue_run_jobs``: runs a burst worker until nothing is runnable and returns the
+  finished jobs.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Collection, Iterator, Mapping
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from pgqueue import Job, JobState, Queue, embedded, migrate
+
+
+def _process_tag(config: pytest.Config) -> str:
+    """A name part unique to this test process: pytest-xdist's run id and worker id
+    when running under xdist, else a random one."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput:
+        return f"{workerinput['testrunuid'][:8]}_{workerinput['workerid']}"
+    return uuid.uuid4().hex[:8]
+
+
+@pytest.fixture(scope="session")
+def pgqueue_server_url() -> str:
+    """The PostgreSQL server under test: DATABASE_URL, else the embedded PostgreSQL."""
+    return os.environ.get("DATABASE_URL") or embedded.start()
+
+
+@pytest.fixture(scope="session")
+def pgqueue_database_url(
+    pgqueue_server_url: str, pytestconfig: pytest.Config
+) -> Iterator[str]:
+    """A database of this test process's own, created for the session and dropped after."""
+    name = f"pgqueue_test_{_process_tag(pytestconfig)}"
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    with psycopg.connect(pgqueue_server_url, autocommit=True) as conn:
+        conn.execute(drop)
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    yield make_conninfo(pgqueue_server_url, dbname=name)
+    with psycopg.connect(pgqueue_server_url, autocommit=True) as conn:
+        conn.execute(drop)
+
+
+@pytest.fixture
+def pgqueue_schema(pgqueue_database_url: str) -> Iterator[str]:
+    """A freshly migrated schema of this test's own, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    migrate(pgqueue_database_url, name)
+    yield name
+    with psycopg.connect(pgqueue_database_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def pgqueue_queue(pgqueue_database_url: str, pgqueue_schema: str) -> Iterator[Queue]:
+    """A :class:`pgqueue.Queue` on this test's schema."""
+    queue = Queue.connect(pgqueue_database_url, schema=pgqueue_schema, max_size=20)
+    try:
+        yield queue
+    finally:
+        queue.close()
+
+
+RunJobs = Callable[..., list[Job]]
+
+
+@pytest.fixture
+def pgqueue_run_jobs(pgqueue_queue: Queue) -> RunJobs:
+    """A function that runs a burst worker on ``pgqueue_queue`` until no job it can
+    claim is runnable, then returns every finished job (succeeded, dead, cancelled),
+    oldest first.
+
+    ``handlers`` maps task names to callables and adds to (and wins over) the handlers
+    of installed plugins; ``queues`` defaults to ``("default",)``; other keyword
+    arguments go to :class:`pgqueue_worker.Worker` (e.g. ``concurrency``).
+    """
+    from pgqueue_worker import run_burst
+
+    def run_jobs(
+        handlers: Mapping[str, Callable[..., Any]] | None = None,
+        *,
+        queues: Collection[str] = ("default",),
+        **options: Any,
+    ) -> list[Job]:
+        run_burst(pgqueue_queue, handlers, queues=queues, **options)
+        finished: list[Job] = []
+        for state in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED):
+            after = None
+            while True:
+                page = pgqueue_queue.list(state=state, limit=1000, after=after)
+                finished.extend(page.jobs)
+                if page.next_after is None:
+                    break
+                after = page.next_after
+        return sorted(finished, key=lambda job: job.id)
+
+    return run_jobs
