@@ -62,11 +62,12 @@ class PgQueueGroup(click.Group):
 
 
 def database_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Add ``--database-url`` (or DATABASE_URL) and ``--schema`` (or PGQUEUE_SCHEMA)."""
+    """Add ``--database-url`` (or PGQUEUE_DATABASE_URL, or DATABASE_URL) and ``--schema``
+    (or PGQUEUE_SCHEMA)."""
 
     @click.option(
         "--database-url",
-        envvar="DATABASE_URL",
+        envvar=["PGQUEUE_DATABASE_URL", "DATABASE_URL"],
         show_envvar=True,
         help="PostgreSQL URL. Default: the embedded server, if `pgqueue db start` is running.",
     )

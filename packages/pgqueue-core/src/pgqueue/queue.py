@@ -9,6 +9,7 @@ that transaction has committed.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import uuid
@@ -142,6 +143,33 @@ class QueueStats:
     queue: str
     counts: dict[str, int]
     oldest_runnable_age_seconds: float | None
+
+
+@dataclass(frozen=True)
+class QueueMetrics:
+    """One queue's figures in a :class:`MetricsSnapshot`."""
+
+    queue: str
+    jobs: dict[str, int]
+    """Jobs now in each state."""
+    completed: int
+    """Attempts that succeeded, ever; pruning does not lower it."""
+    failures: int
+    """Attempts that failed or whose lease expired, ever."""
+    start_counts: list[int]
+    """Claims per bucket of ``MetricsSnapshot.start_bounds`` (not cumulative), by how long
+    the job waited between becoming runnable and starting."""
+    start_seconds_sum: float
+    """The sum of those waits, in seconds."""
+
+
+@dataclass(frozen=True)
+class MetricsSnapshot:
+    """Every queue's figures, read in one database snapshot."""
+
+    start_bounds: list[float]
+    """Upper bounds of the start-latency buckets, in seconds; the last is infinity."""
+    queues: list[QueueMetrics]
 
 
 def default_worker_id() -> str:
@@ -358,23 +386,30 @@ class Queue:
         Jobs come in claim order (priority DESC, run_at, id), each with a fresh
         ``lease_token`` valid for ``lease_seconds`` until a heartbeat extends it.
         """
-        if mode not in CLAIM_MODES:
-            raise ValidationError("mode", f"must be one of {', '.join(CLAIM_MODES)}")
-        if limit < 1 or not tasks or not queues:
+        params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode)
+        if params is None:
             return []
-        validation.seconds("lease_seconds", lease_seconds, positive=True)
-        params = {
-            "queues": list(queues),
-            "tasks": list(tasks),
-            "limit": limit,
-            "lease_seconds": lease_seconds,
-            "worker_id": worker_id or default_worker_id(),
-        }
-        rows = self._rows("job_claim", params, lock=mode)
-        jobs = sorted((Job.from_row(r) for r in rows), key=lambda j: (-j.priority, j.run_at, j.id))
+        jobs = _in_claim_order(self._rows("job_claim", params, lock=mode))
         for job in jobs:
             self._notify("on_start", job=job)
         return jobs
+
+    def next_run_in(self, queues: Collection[str], tasks: Collection[str]) -> float | None:
+        """Seconds until the earliest queued job of ``tasks`` in ``queues`` becomes
+        runnable (zero or less: one is runnable now), measured on the database clock so
+        a worker whose clock is off still wakes on time; None when none is queued."""
+        rows = self._rows("job_next_run_delay", {"queues": list(queues), "tasks": list(tasks)})
+        return rows[0]["seconds"] if rows else None
+
+    def listen(self, conn: psycopg.Connection) -> None:
+        """Subscribe ``conn`` to this schema's new-job notifications. Each notification's
+        payload is the name of a queue that just received runnable jobs (never a payload).
+
+        ``conn`` must be a dedicated autocommit connection (not a pooled one: the
+        subscription lasts as long as the session); read them with ``conn.notifies()``.
+        """
+        with self._connection(conn) as c:
+            c.execute(self._sql("jobs_listen"))
 
     def next_run_at(self, queues: Collection[str], tasks: Collection[str]) -> datetime | None:
         """When the earliest queued job of ``tasks`` in ``queues`` becomes runnable."""
@@ -414,27 +449,63 @@ class Queue:
     def ack_many(self, outcomes: Iterable[tuple[Job, Any]]) -> AckBatch:
         """Acknowledge many jobs in one statement (results that cannot be stored become
         failed attempts, each its own statement)."""
-        storable: list[tuple[Job, str]] = []
-        unstorable: list[tuple[Job, str]] = []
-        for job, result in outcomes:
-            try:
-                storable.append((job, validation.jsonb_text("result", result)))
-            except ValidationError as exc:
-                unstorable.append((job, f"result could not be stored: {exc.message}"))
-        succeeded: list[Job] = []
-        lost: list[int] = []
-        if storable:
-            rows = self._rows(
-                "job_ack_many",
-                {
-                    "ids": [job.id for job, _ in storable],
-                    "tokens": [job.lease_token for job, _ in storable],
-                    "results": [text for _, text in storable],
-                },
-            )
-            succeeded = [Job.from_row(row) for row in rows]
-            acked = {job.id for job in succeeded}
-            lost = [job.id for job, _ in storable if job.id not in acked]
+        storable, unstorable = _split_storable(outcomes)
+        rows = self._rows("job_ack_many", _ack_params(storable)) if storable else []
+        return self._settle_acks(storable, rows, unstorable)
+
+    def ack_and_claim(
+        self,
+        outcomes: Iterable[tuple[Job, Any]],
+        queues: Collection[str],
+        tasks: Collection[str],
+        limit: int,
+        *,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        worker_id: str | None = None,
+        mode: str = "skip-locked",
+    ) -> tuple[AckBatch, list[Job]]:
+        """``ack_many(outcomes)`` and ``claim(queues, tasks, limit, ...)`` in one
+        transaction, sent to the server in one pipeline: a busy worker pays one commit
+        and about one round trip per batch instead of two of each.
+
+        Both commit or neither does. Hooks run after the commit, ``on_success`` for
+        the acked jobs first, then ``on_start`` for the claimed ones.
+        """
+        storable, unstorable = _split_storable(outcomes)
+        params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode)
+        ack_rows: list[dict[str, Any]] = []
+        claim_rows: list[dict[str, Any]] = []
+        if storable or params is not None:
+            with self._connection() as conn:
+                ack_cur = conn.cursor(row_factory=dict_row)
+                claim_cur = conn.cursor(row_factory=dict_row)
+                with conn.pipeline():
+                    if storable:
+                        ack_cur.execute(self._sql("job_ack_many"), _ack_params(storable))
+                    if params is not None:
+                        claim_cur.execute(self._sql("job_claim", mode), params)
+                    conn.commit()
+                if storable:
+                    ack_rows = ack_cur.fetchall()
+                if params is not None:
+                    claim_rows = claim_cur.fetchall()
+        batch = self._settle_acks(storable, ack_rows, unstorable)
+        claimed = _in_claim_order(claim_rows)
+        for job in claimed:
+            self._notify("on_start", job=job)
+        return batch, claimed
+
+    def _settle_acks(
+        self,
+        storable: list[tuple[Job, str]],
+        rows: list[dict[str, Any]],
+        unstorable: list[tuple[Job, str]],
+    ) -> AckBatch:
+        """Turn ``job_ack_many``'s rows into an AckBatch, record the unstorable results as
+        failed attempts, and run ``on_success`` for what was acked."""
+        succeeded = [Job.from_row(row) for row in rows]
+        acked = {job.id for job in succeeded}
+        lost = [job.id for job, _ in storable if job.id not in acked]
         failed: list[Job] = []
         for job, error in unstorable:
             try:
@@ -593,6 +664,91 @@ class Queue:
             if deleted < batch_size:
                 return total
 
+    # -- observing --------------------------------------------------------------
+
+    def metrics_snapshot(self) -> MetricsSnapshot:
+        """Job counts by state, completed and failed attempts, and the start-latency
+        histogram of every queue, all from one snapshot of the rollups that the jobs
+        table's triggers keep (migration 0002), so the cost does not grow with history."""
+        rows = self._rows("queue_metrics_snapshot")
+        queues = [
+            QueueMetrics(
+                queue=row["queue"],
+                jobs={state.value: row[state.value] for state in JobState},
+                completed=row["completed"],
+                failures=row["failures"],
+                start_counts=list(row["start_counts"]),
+                start_seconds_sum=row["start_seconds_sum"],
+            )
+            for row in rows
+        ]
+        bounds = list(rows[0]["start_bounds"]) if rows else []
+        return MetricsSnapshot(start_bounds=bounds, queues=queues)
+
+    def ping(self, timeout: float = 2.0) -> None:
+        """Check that the database answers a query, on a connection of its own, so neither
+        the pool's wait for a free connection nor a stale pooled connection gets in the way.
+
+        Connecting gives up after ``timeout`` seconds (libpq's minimum is 2) per address
+        the host resolves to. Raises :class:`~pgqueue.errors.DatabaseUnavailable`."""
+        options = {**self.pool.kwargs, "connect_timeout": max(2, math.ceil(timeout))}
+        try:
+            with psycopg.connect(self.pool.conninfo, autocommit=True, **options) as conn:
+                conn.execute(self._sql("database_ping"))
+        except psycopg.Error as exc:
+            raise DatabaseUnavailable(_describe(exc)) from exc
+
+
+def _claim_params(
+    queues: Collection[str],
+    tasks: Collection[str],
+    limit: int,
+    lease_seconds: float,
+    worker_id: str | None,
+    mode: str,
+) -> dict[str, Any] | None:
+    """Checked parameters of ``job_claim``, or None when there is nothing to claim."""
+    if mode not in CLAIM_MODES:
+        raise ValidationError("mode", f"must be one of {', '.join(CLAIM_MODES)}")
+    if limit < 1 or not tasks or not queues:
+        return None
+    validation.seconds("lease_seconds", lease_seconds, positive=True)
+    return {
+        "queues": list(queues),
+        "tasks": list(tasks),
+        "limit": limit,
+        "lease_seconds": lease_seconds,
+        "worker_id": worker_id or default_worker_id(),
+    }
+
+
+def _in_claim_order(rows: list[dict[str, Any]]) -> list[Job]:
+    # UPDATE ... RETURNING does not keep the claim CTE's order.
+    return sorted((Job.from_row(r) for r in rows), key=lambda j: (-j.priority, j.run_at, j.id))
+
+
+def _split_storable(
+    outcomes: Iterable[tuple[Job, Any]],
+) -> tuple[list[tuple[Job, str]], list[tuple[Job, str]]]:
+    """(job, result as JSON text) for results PostgreSQL can store, and (job, error) for
+    those it cannot."""
+    storable: list[tuple[Job, str]] = []
+    unstorable: list[tuple[Job, str]] = []
+    for job, result in outcomes:
+        try:
+            storable.append((job, validation.jsonb_text("result", result)))
+        except ValidationError as exc:
+            unstorable.append((job, f"result could not be stored: {exc.message}"))
+    return storable, unstorable
+
+
+def _ack_params(storable: list[tuple[Job, str]]) -> dict[str, Any]:
+    return {
+        "ids": [job.id for job, _ in storable],
+        "tokens": [job.lease_token for job, _ in storable],
+        "results": [text for _, text in storable],
+    }
+
 
 def _error_text(error: str | BaseException) -> str:
     text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
@@ -610,7 +766,9 @@ __all__ = [
     "AckBatch",
     "JobPage",
     "JobSpec",
+    "MetricsSnapshot",
     "Queue",
+    "QueueMetrics",
     "QueueStats",
     "default_worker_id",
 ]

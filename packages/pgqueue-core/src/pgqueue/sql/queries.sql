@@ -41,15 +41,26 @@ SELECT * FROM {schema}.jobs WHERE idempotency_key = ANY(%(idempotency_keys)s::te
 -- name: job_claim
 -- queued -> running for up to %(limit)s runnable jobs in claim order. Each claim is a
 -- new attempt with a fresh lease token.
+-- One index scan per queue, in jobs_claim_idx order, so a claim reads a handful of
+-- index entries however long the backlog (a single scan over queue = ANY(...) cannot
+-- use the index order, and would sort every queued row). With several queues each
+-- scan locks up to %(limit)s rows and the best %(limit)s overall are claimed; the
+-- others stay queued and are unlocked at commit.
 WITH claimable AS (
-    SELECT id FROM {schema}.jobs
-    WHERE state = 'queued'
-      AND queue = ANY(%(queues)s::text[])
-      AND task = ANY(%(tasks)s::text[])
-      AND run_at <= now()
-    ORDER BY priority DESC, run_at, id
+    SELECT candidate.id
+    FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM {schema}.jobs
+        WHERE state = 'queued'
+          AND queue = wanted.queue
+          AND task = ANY(%(tasks)s::text[])
+          AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT %(limit)s
+        {lock}
+    ) AS candidate
+    ORDER BY candidate.priority DESC, candidate.run_at, candidate.id
     LIMIT %(limit)s
-    {lock}
 )
 UPDATE {schema}.jobs AS job
 SET state = 'running',
@@ -204,3 +215,53 @@ INSERT INTO {schema}.migrations (version, name) VALUES (%(version)s, %(name)s);
 
 -- name: database_now
 SELECT now() AS now;
+
+-- name: queue_metrics_snapshot
+-- Every queue's gauges, counters and start-latency histogram, from the rollups that
+-- migration 0002's triggers keep, in one statement so they all come from one snapshot.
+-- start_counts holds one count per bound of start_bounds, in order, not cumulative.
+WITH totals AS (
+    SELECT queue,
+           sum(queued)::bigint AS queued,
+           sum(running)::bigint AS running,
+           sum(succeeded)::bigint AS succeeded,
+           sum(dead)::bigint AS dead,
+           sum(cancelled)::bigint AS cancelled,
+           sum(completed)::bigint AS completed,
+           sum(failures)::bigint AS failures
+    FROM {schema}.queue_rollups
+    GROUP BY queue
+),
+latency AS (
+    SELECT queue, le, sum(starts)::bigint AS starts, sum(seconds_sum) AS seconds_sum
+    FROM {schema}.start_latency_buckets
+    GROUP BY queue, le
+)
+SELECT totals.*,
+       histogram.start_counts,
+       histogram.start_seconds_sum,
+       {schema}.start_latency_bounds() AS start_bounds
+FROM totals
+CROSS JOIN LATERAL (
+    SELECT array_agg(coalesce(latency.starts, 0) ORDER BY bound.position) AS start_counts,
+           coalesce(sum(latency.seconds_sum), 0)::float8 AS start_seconds_sum
+    FROM unnest({schema}.start_latency_bounds()) WITH ORDINALITY AS bound (le, position)
+    LEFT JOIN latency ON latency.queue = totals.queue AND latency.le = bound.le
+) AS histogram
+ORDER BY totals.queue;
+
+-- name: database_ping
+-- The health check: the server answers a query.
+SELECT 1 AS ok;
+
+-- name: job_next_run_delay
+-- Seconds until the next job this worker could claim becomes runnable (zero or less:
+-- one is runnable now), on the database clock, so a worker sleeps exactly until then.
+SELECT extract(epoch FROM min(run_at) - now())::float8 AS seconds FROM {schema}.jobs
+WHERE state = 'queued'
+  AND queue = ANY(%(queues)s::text[])
+  AND task = ANY(%(tasks)s::text[]);
+
+-- name: jobs_listen
+-- Subscribes the session to the channel the insert and requeue triggers notify.
+LISTEN {channel};

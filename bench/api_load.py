@@ -1,0 +1,299 @@
+"""Load on the HTTP API: POST /jobs and POST /jobs/batch against ``pgqueue-api --workers 2``.
+
+Starts the real ``pgqueue-api`` process on a loopback port against a fresh schema, then:
+
+1. single: ``--clients`` concurrent clients (default 16), each sending one POST /jobs
+   at a time for ``--seconds``: requests per second and p50/p99 latency;
+2. batch: ``--batch-clients`` concurrent clients (default 4, two per API worker) sending
+   POST /jobs/batch with ``--batch-size`` jobs each (default 1,000) for ``--seconds``:
+   jobs per second.
+
+Every request is checked (201, and the job count in the database must match what was
+acknowledged), so a fast wrong answer cannot pass for a fast answer. Results go to
+``results/api.json`` with the machine, PostgreSQL and package versions.
+
+    python bench/api_load.py                      # DATABASE_URL, else the embedded server
+    python bench/api_load.py --seconds 5 --runs 1 # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from pgqueue_bench import database, environment, results
+
+API = str(Path(sys.executable).parent / "pgqueue-api")
+JSON = {"content-type": "application/json"}
+
+
+@dataclass
+class Phase:
+    """What one phase measured."""
+
+    requests: int = 0
+    jobs: int = 0
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+
+    def summary(self) -> dict[str, float | int]:
+        ordered = sorted(self.latencies)
+        return {
+            "requests": self.requests,
+            "jobs": self.jobs,
+            "seconds": round(self.seconds, 3),
+            "requests_per_second": round(self.requests / self.seconds, 1),
+            "jobs_per_second": round(self.jobs / self.seconds, 1),
+            "latency_p50_ms": round(_percentile(ordered, 50) * 1000, 2),
+            "latency_p99_ms": round(_percentile(ordered, 99) * 1000, 2),
+        }
+
+
+def _percentile(ordered: list[float], percent: float) -> float:
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(percent / 100 * len(ordered)) - 1))
+    return ordered[index]
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@contextmanager
+def api_process(url: str, schema: str, workers: int) -> Iterator[int]:
+    """``pgqueue-api --workers N`` on a free loopback port; yields the port."""
+    port = _free_port()
+    command = [API, "--port", str(port), "--workers", str(workers), "--no-access-log"]
+    command += ["--database-url", url, "--schema", schema, "--log-level", "warning"]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                raise SystemExit(f"pgqueue-api exited: {process.stderr.read().decode()}")
+            try:
+                if httpx.get(f"{base}/healthz", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise SystemExit("pgqueue-api did not become healthy within 60 s")
+            time.sleep(0.1)
+        yield port
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+class HttpConnection:
+    """A minimal HTTP/1.1 keep-alive client connection.
+
+    httpx spends about a core on a few hundred requests a second, which on a 2-core
+    machine would measure the client rather than the API; this writes the request bytes
+    and reads the status line, headers and Content-Length body, and nothing else."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, host: str, port: int) -> HttpConnection:
+        reader, writer = await asyncio.open_connection(host, port)
+        return cls(reader, writer)
+
+    async def post(self, head: bytes, body: bytes) -> tuple[int, bytes]:
+        self.writer.write(head + body)
+        await self.writer.drain()
+        header_block = await self.reader.readuntil(b"\r\n\r\n")
+        status_line, *header_lines = header_block.decode("latin-1").split("\r\n")
+        length = 0
+        for line in header_lines:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        return int(status_line.split()[1]), await self.reader.readexactly(length)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _request_head(port: int, path: str, body: bytes) -> bytes:
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+
+
+async def _drive(
+    port: int,
+    path: str,
+    body: bytes,
+    jobs_per_request: int,
+    clients: int,
+    seconds: float,
+    max_requests: int,
+) -> Phase:
+    """``clients`` connections, each sending ``body`` to ``path`` one request at a time,
+    until the time or the request count runs out."""
+    phase = Phase()
+    head = _request_head(port, path, body)
+    connections = [await HttpConnection.open("127.0.0.1", port) for _ in range(clients)]
+
+    async def one_client(connection: HttpConnection) -> None:
+        while time.perf_counter() < stop and phase.requests < max_requests:
+            sent = time.perf_counter()
+            status, answer = await connection.post(head, body)
+            if status != 201:
+                raise SystemExit(f"{path} answered {status}: {answer[:500]!r}")
+            phase.latencies.append(time.perf_counter() - sent)
+            phase.requests += 1
+            phase.jobs += jobs_per_request
+
+    start = time.perf_counter()
+    stop = start + seconds
+    try:
+        await asyncio.gather(*(one_client(c) for c in connections))
+    finally:
+        for connection in connections:
+            connection.close()
+    phase.seconds = time.perf_counter() - start
+    return phase
+
+
+def _queued_jobs(port: int) -> int:
+    queues = httpx.get(f"http://127.0.0.1:{port}/queues", timeout=30).json()["queues"]
+    return sum(queue["counts"]["queued"] for queue in queues)
+
+
+def run_once(url: str, args: argparse.Namespace) -> dict[str, object]:
+    """One run on a fresh schema: warm up, then the single and batch phases."""
+    single_body = json.dumps({"task": "echo", "payload": {"n": 1}}).encode()
+    batch_body = json.dumps(
+        {"jobs": [{"task": "echo", "payload": {"n": i}} for i in range(args.batch_size)]}
+    ).encode()
+    with (
+        database.run_schema(url, "bench_api") as schema,
+        api_process(url, schema, args.workers) as port,
+    ):
+        warm = asyncio.run(_drive(port, "/jobs", single_body, 1, args.clients, 1.0, 500))
+        single = asyncio.run(
+            _drive(port, "/jobs", single_body, 1, args.clients, args.seconds, args.max_requests)
+        )
+        batch = asyncio.run(
+            _drive(
+                port,
+                "/jobs/batch",
+                batch_body,
+                args.batch_size,
+                args.batch_clients,
+                args.seconds,
+                args.max_requests,
+            )
+        )
+        stored = _queued_jobs(port)
+    expected = warm.jobs + single.jobs + batch.jobs
+    if stored != expected:
+        raise SystemExit(f"the API acknowledged {expected} jobs but the database holds {stored}")
+    single_summary, batch_summary = single.summary(), batch.summary()
+    return {
+        # Other work on the machine shows up here: these figures are only as quiet as it was.
+        "load_average_1m": round(os.getloadavg()[0], 2),
+        "single": single_summary,
+        "batch": batch_summary,
+        "batch_to_single_ratio": round(
+            batch_summary["jobs_per_second"] / single_summary["requests_per_second"], 1
+        ),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--database-url", help="default: DATABASE_URL, else the embedded server")
+    parser.add_argument("--workers", type=int, default=2, help="pgqueue-api worker processes")
+    parser.add_argument("--clients", type=int, default=16, help="concurrent single-POST clients")
+    parser.add_argument(
+        "--batch-clients",
+        type=int,
+        default=4,
+        help="concurrent batch clients (two per API worker: one's insert overlaps the other's parsing)",
+    )
+    parser.add_argument("--batch-size", type=int, default=1000, help="jobs per batch")
+    parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
+    parser.add_argument("--max-requests", type=int, default=200_000, help="cap per phase")
+    parser.add_argument("--runs", type=int, default=3, help="repeats, each on a fresh schema")
+    parser.add_argument("--results-dir", help="default: PGQUEUE_RESULTS_DIR, else ./results")
+    args = parser.parse_args()
+
+    target = database.resolve_target(args.database_url)
+    runs = []
+    for number in range(1, args.runs + 1):
+        run = run_once(target.url, args)
+        runs.append(run)
+        single, batch = run["single"], run["batch"]
+        print(
+            f"run {number}: POST /jobs {single['requests_per_second']:.0f} req/s "
+            f"(p50 {single['latency_p50_ms']:.1f} ms, p99 {single['latency_p99_ms']:.1f} ms); "
+            f"POST /jobs/batch {batch['jobs_per_second']:.0f} jobs/s "
+            f"(p50 {batch['latency_p50_ms']:.0f} ms per batch); "
+            f"ratio {run['batch_to_single_ratio']}x"
+        )
+    summary = {
+        "single_requests_per_second": results.spread(
+            r["single"]["requests_per_second"] for r in runs
+        ),
+        "single_latency_p50_ms": results.spread(r["single"]["latency_p50_ms"] for r in runs),
+        "single_latency_p99_ms": results.spread(r["single"]["latency_p99_ms"] for r in runs),
+        "batch_jobs_per_second": results.spread(r["batch"]["jobs_per_second"] for r in runs),
+        "batch_to_single_ratio": results.spread(r["batch_to_single_ratio"] for r in runs),
+    }
+    document = results.document(
+        "api",
+        environment=environment.describe(
+            target.url,
+            target.server,
+            **{
+                name: environment.package_versions((name,))[name]
+                for name in ("pgqueue-api", "fastapi", "uvicorn", "httpx")
+            },
+        ),
+        parameters={
+            "api_workers": args.workers,
+            "single_clients": args.clients,
+            "batch_clients": args.batch_clients,
+            "batch_size": args.batch_size,
+            "seconds_per_phase": args.seconds,
+            "max_requests_per_phase": args.max_requests,
+            "client": "asyncio HTTP/1.1 keep-alive connections, one process, same machine",
+        },
+        runs=runs,
+        summary=summary,
+    )
+    path = results.write("api", document, args.results_dir)
+    ratio = statistics.median(r["batch_to_single_ratio"] for r in runs)
+    print(f"wrote {path}; median batch/single ratio {ratio}x (target: at least 20x)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,111 @@
+"""The FastAPI application, built by a factory from :class:`ApiSettings`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import metadata
+
+import anyio.to_thread
+from fastapi import Depends, FastAPI
+
+from pgqueue import Queue
+from pgqueue_api.auth import BEARER_SCHEME, BearerAuthMiddleware
+from pgqueue_api.body_limit import BodyLimitMiddleware
+from pgqueue_api.errors import install_error_handlers
+from pgqueue_api.metrics import metrics_registry
+from pgqueue_api.routes_jobs import router as jobs_router
+from pgqueue_api.routes_ops import health_router, metrics_router, queues_router
+from pgqueue_api.schemas import ErrorResponse
+from pgqueue_api.settings import ApiSettings
+
+log = logging.getLogger("pgqueue.api")
+
+DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/openapi.json")
+
+DESCRIPTION = """\
+Enqueue, inspect, cancel and retry the jobs of a pgqueue queue, a durable at-least-once
+job queue on PostgreSQL. Workers run the jobs.
+
+Errors are JSON: `{"detail": "...", "errors": [{"field": "...", "message": "..."}]}`.
+A 503 carries `Retry-After`.
+"""
+
+
+def create_app(settings: ApiSettings, *, queue: Queue | None = None) -> FastAPI:
+    """The API for ``settings``.
+
+    By default the app opens its own :class:`~pgqueue.Queue` (a connection pool) when it
+    starts and closes it when it stops. Pass ``queue`` to serve one you manage instead,
+    for example to embed the API in a process that already has one.
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned: Queue | None = None
+        if queue is None:
+            # Opening does not wait for the database: while it is down the API starts
+            # anyway and answers 503, and /healthz says so.
+            owned = Queue.connect(
+                settings.database_url,
+                schema=settings.schema,
+                min_size=1,
+                max_size=settings.pool_size,
+                pool_timeout=settings.pool_timeout,
+            )
+            _attach(app, owned)
+        if not settings.auth_required:
+            log.warning(
+                "no API tokens are configured: anyone who can reach this API can enqueue, "
+                "cancel and retry jobs (set PGQUEUE_API_TOKENS or --token-file)"
+            )
+        try:
+            yield
+        finally:
+            if owned is not None:
+                await anyio.to_thread.run_sync(owned.close)
+
+    app = FastAPI(
+        title="pgqueue API",
+        version=metadata.version("pgqueue-api"),
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        redoc_url=None,
+    )
+    app.state.settings = settings
+    if queue is not None:
+        _attach(app, queue)
+
+    protected = {
+        "dependencies": [Depends(BEARER_SCHEME)] if settings.auth_required else [],
+        "responses": (
+            {401: {"model": ErrorResponse, "description": "A valid bearer token is required."}}
+            if settings.auth_required
+            else {}
+        ),
+    }
+    app.include_router(jobs_router, **protected)
+    app.include_router(queues_router, **protected)
+    app.include_router(metrics_router, **({} if settings.public_metrics else protected))
+    app.include_router(health_router)
+    install_error_handlers(app)
+
+    # Added innermost first: authentication runs before the body is even read.
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    if settings.auth_required:
+        public = {*DOCS_PATHS, "/healthz"}
+        if settings.public_metrics:
+            public.add("/metrics")
+        app.add_middleware(BearerAuthMiddleware, tokens=settings.tokens, public_paths=public)
+    return app
+
+
+def create_app_from_env() -> FastAPI:
+    """The app for the settings in the environment: the factory uvicorn workers import."""
+    return create_app(ApiSettings.from_env())
+
+
+def _attach(app: FastAPI, queue: Queue) -> None:
+    app.state.queue = queue
+    app.state.metrics_registry = metrics_registry(queue)

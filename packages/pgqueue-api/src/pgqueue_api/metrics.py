@@ -1,0 +1,89 @@
+"""``/metrics``: Prometheus text rendered by ``prometheus_client`` from one database snapshot.
+
+The figures live in PostgreSQL (rollups kept by triggers on the jobs table), not in
+this process, so every API process serves the same numbers and a restart loses none.
+A custom collector reads them once per scrape; a private registry keeps this process's
+own default metrics out, as they would differ between API processes behind one address.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from itertools import accumulate
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from pgqueue import JobState, Queue
+from pgqueue.queue import MetricsSnapshot
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+"""The Prometheus text exposition format that ``generate_latest`` writes."""
+
+
+class QueueCollector(Collector):
+    """Collects pgqueue's metrics from one :meth:`Queue.metrics_snapshot` per scrape."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+
+    def describe(self) -> list[Metric]:
+        # Registering must not query the database, so the names are not described ahead.
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(families(self.queue.metrics_snapshot()))
+
+
+def families(snapshot: MetricsSnapshot) -> list[Metric]:
+    """The metric families for one snapshot."""
+    jobs = GaugeMetricFamily(
+        "pgqueue_jobs", "Jobs in the table, by queue and state.", labels=["queue", "state"]
+    )
+    completed = CounterMetricFamily(
+        "pgqueue_jobs_completed", "Attempts that succeeded, by queue.", labels=["queue"]
+    )
+    failures = CounterMetricFamily(
+        "pgqueue_job_failures",
+        "Attempts that failed or whose lease expired, by queue.",
+        labels=["queue"],
+    )
+    start_latency = HistogramMetricFamily(
+        "pgqueue_enqueue_to_start_seconds",
+        "Time from a job becoming runnable (the later of enqueue and run_at) to a worker "
+        "starting it, by queue.",
+        labels=["queue"],
+    )
+    bounds = [floatToGoString(bound) for bound in snapshot.start_bounds]
+    for queue in snapshot.queues:
+        for state in JobState:
+            jobs.add_metric([queue.queue, state.value], queue.jobs[state.value])
+        completed.add_metric([queue.queue], queue.completed)
+        failures.add_metric([queue.queue], queue.failures)
+        cumulative = list(accumulate(queue.start_counts))
+        start_latency.add_metric(
+            [queue.queue],
+            buckets=list(zip(bounds, cumulative, strict=True)),
+            sum_value=queue.start_seconds_sum,
+        )
+    return [jobs, completed, failures, start_latency]
+
+
+def metrics_registry(queue: Queue) -> CollectorRegistry:
+    """A registry holding only pgqueue's collector for ``queue``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueCollector(queue))
+    return registry
+
+
+def render(registry: CollectorRegistry) -> bytes:
+    """The registry's metrics as Prometheus text (one database snapshot)."""
+    return generate_latest(registry)

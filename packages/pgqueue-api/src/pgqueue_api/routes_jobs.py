@@ -1,0 +1,195 @@
+"""The producer's routes: enqueue (one or a batch), look up, list, cancel and retry jobs.
+
+``Queue`` is synchronous, so each route runs its Queue call, and the conversion of the
+result to JSON, in the thread pool with ``run_in_threadpool``: one trip per request
+(a plain ``def`` route would take a second one for FastAPI's response check). Routes
+declare ``response_model`` for the OpenAPI document but answer with a ready
+:class:`Response` of plain data: a 1,000-job answer built from database rows is encoded
+once, without a model per job and without being validated again first. A route answers
+only after its statement has committed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from pydantic_core import to_json
+from starlette.concurrency import run_in_threadpool
+
+from pgqueue import Job as StoredJob
+from pgqueue import JobSpec, Queue, ValidationError
+from pgqueue_api import schemas
+from pgqueue_api.schemas import (
+    INVALID,
+    JOB_ID_MAX,
+    NOT_FOUND,
+    TOO_LARGE,
+    UNAVAILABLE,
+    BatchCreated,
+    ErrorResponse,
+    JobBatchCreate,
+    JobCreate,
+    JobFilter,
+    JobPage,
+    job_body,
+)
+from pgqueue_api.strict_json import StrictJSONRoute
+
+
+async def current_queue(request: Request) -> Queue:
+    """The app's Queue (``async`` so FastAPI does not spend a thread on it)."""
+    return request.app.state.queue
+
+
+QueueDep = Annotated[Queue, Depends(current_queue)]
+JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX, description="The job's id.")]
+
+router = APIRouter(route_class=StrictJSONRoute, tags=["jobs"])
+
+
+def job_spec(job: JobCreate) -> JobSpec:
+    """The core's JobSpec for a request's job; raises pgqueue.ValidationError naming the
+    field for what the request schema cannot express (NUL characters, delay and run_at)."""
+    return JobSpec(
+        task=job.task,
+        payload=job.payload,
+        queue=job.queue,
+        priority=job.priority,
+        delay_seconds=job.delay_seconds,
+        run_at=job.run_at,
+        idempotency_key=job.idempotency_key,
+        max_attempts=job.max_attempts,
+        timeout_seconds=job.timeout_seconds,
+    )
+
+
+def json_response(body: Any, status_code: int = 200) -> Response:
+    """``body`` (dicts, lists, datetimes, enums) as JSON, written by pydantic's encoder,
+    which formats every value exactly as the response models would."""
+    return Response(to_json(body), status_code=status_code, media_type="application/json")
+
+
+def _job_response(action: Callable[[int], StoredJob], job_id: int) -> Response:
+    return json_response(job_body(action(job_id)))
+
+
+@router.post(
+    "/jobs",
+    status_code=201,
+    response_model=schemas.Job,
+    summary="Enqueue a job",
+    responses={
+        201: {"description": "The job was created."},
+        200: {"model": schemas.Job, "description": "The idempotency key belongs to this job."},
+        **TOO_LARGE,
+        **INVALID,
+        **UNAVAILABLE,
+    },
+)
+async def enqueue_job(job: JobCreate, queue: QueueDep) -> Response:
+    """Add a job. With an `idempotency_key` that a job in the table already has, that job
+    is returned with 200 instead, also when the duplicates arrive at the same time."""
+    return await run_in_threadpool(_enqueue_one, queue, job)
+
+
+def _enqueue_one(queue: Queue, job: JobCreate) -> Response:
+    outcome = queue.enqueue_many([job_spec(job)])[0]
+    return json_response(job_body(outcome.job), 201 if outcome.created else 200)
+
+
+@router.post(
+    "/jobs/batch",
+    status_code=201,
+    response_model=BatchCreated,
+    summary="Enqueue many jobs",
+    responses={**TOO_LARGE, **INVALID, **UNAVAILABLE},
+)
+async def enqueue_jobs(batch: JobBatchCreate, queue: QueueDep) -> Response:
+    """Add up to 1,000 jobs in one statement: all of them or, on any error, none. Items
+    come back in request order, each saying whether it was created or its idempotency
+    key already belonged to a job."""
+    return await run_in_threadpool(_enqueue_many, queue, batch)
+
+
+def _enqueue_many(queue: Queue, batch: JobBatchCreate) -> Response:
+    specs = []
+    for index, job in enumerate(batch.jobs):
+        try:
+            specs.append(job_spec(job))
+        except ValidationError as exc:
+            raise ValidationError(f"jobs[{index}].{exc.field}", exc.message) from None
+    outcomes = queue.enqueue_many(specs)
+    items = [{"created": outcome.created, "job": job_body(outcome.job)} for outcome in outcomes]
+    return json_response({"items": items}, 201)
+
+
+@router.get(
+    "/jobs",
+    response_model=JobPage,
+    summary="List jobs",
+    responses={**INVALID, **UNAVAILABLE},
+)
+async def list_jobs(filters: Annotated[JobFilter, Query()], queue: QueueDep) -> Response:
+    """Jobs newest first, optionally filtered, one page at a time (keyset pagination, so
+    pages stay fast and stable however deep they go)."""
+    return await run_in_threadpool(_list_jobs, queue, filters)
+
+
+def _list_jobs(queue: Queue, filters: JobFilter) -> Response:
+    page = queue.list(
+        queue=filters.queue,
+        state=filters.state,
+        task=filters.task,
+        limit=filters.limit,
+        after=filters.after,
+    )
+    jobs = [job_body(job) for job in page.jobs]
+    return json_response({"jobs": jobs, "next_after": page.next_after})
+
+
+@router.get(
+    "/jobs/{job_id}",
+    response_model=schemas.Job,
+    summary="Get a job",
+    responses={**NOT_FOUND, **INVALID, **UNAVAILABLE},
+)
+async def get_job(job_id: JobId, queue: QueueDep) -> Response:
+    """The job's state, attempts, last error, result and timestamps."""
+    return await run_in_threadpool(_job_response, queue.get, job_id)
+
+
+@router.post(
+    "/jobs/{job_id}/cancel",
+    response_model=schemas.Job,
+    summary="Cancel a job",
+    responses={
+        **NOT_FOUND,
+        409: {"model": ErrorResponse, "description": "The job has already finished."},
+        **TOO_LARGE,
+        **INVALID,
+        **UNAVAILABLE,
+    },
+)
+async def cancel_job(job_id: JobId, queue: QueueDep) -> Response:
+    """Cancel a queued or running job. A running job's lease is revoked: its worker's
+    outcome is discarded and it is not retried."""
+    return await run_in_threadpool(_job_response, queue.cancel, job_id)
+
+
+@router.post(
+    "/jobs/{job_id}/retry",
+    response_model=schemas.Job,
+    summary="Retry a job",
+    responses={
+        **NOT_FOUND,
+        409: {"model": ErrorResponse, "description": "The job is neither dead nor cancelled."},
+        **TOO_LARGE,
+        **INVALID,
+        **UNAVAILABLE,
+    },
+)
+async def retry_job(job_id: JobId, queue: QueueDep) -> Response:
+    """Put a dead or cancelled job back to queued, runnable now, with its attempts reset."""
+    return await run_in_threadpool(_job_response, queue.retry, job_id)
