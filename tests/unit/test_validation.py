@@ -19,6 +19,7 @@ def field_of(**kwargs) -> str:
         ({"task": ""}, "task"),
         ({"task": "x" * 129}, "task"),
         ({"task": "has space"}, "task"),
+        ({"task": "echo\n"}, "task"),
         ({"queue": ""}, "queue"),
         ({"queue": "-leading"}, "queue"),
         ({"priority": 1001}, "priority"),
@@ -36,6 +37,7 @@ def field_of(**kwargs) -> str:
         ({"delay_seconds": float("inf")}, "delay_seconds"),
         ({"delay_seconds": 1e300}, "delay_seconds"),
         ({"run_at": datetime(2030, 1, 1)}, "run_at"),
+        ({"run_at": datetime(1, 1, 1, tzinfo=UTC)}, "run_at"),
         (
             {"delay_seconds": 1, "run_at": datetime(2030, 1, 1, tzinfo=UTC)},
             "delay_seconds",

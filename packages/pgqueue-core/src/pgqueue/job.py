@@ -54,7 +54,7 @@ class Job:
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
         """Build a Job from a dict row; columns this version does not know are ignored."""
-        values = {f.name: row[f.name] for f in fields(cls)}
+        values = {name: row[name] for name in _JOB_FIELDS}
         values["state"] = JobState(values["state"])
         return cls(**values)
 
@@ -69,6 +69,9 @@ class Job:
                 value = value.value if isinstance(value, JobState) else str(value)
             out[f.name] = value
         return out
+
+
+_JOB_FIELDS = tuple(f.name for f in fields(Job))
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from pgqueue.errors import ValidationError
@@ -26,6 +26,8 @@ PRIORITY_MAX = 1000
 PAYLOAD_MAX_BYTES = 1_048_576
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
 MAX_ATTEMPTS_LIMIT = 1000
+RUN_AT_MIN = datetime(1970, 1, 1, tzinfo=UTC)
+RUN_AT_MAX = datetime(9999, 1, 1, tzinfo=UTC)
 MAX_SECONDS = 10 * 366 * 86400
 """Delays and timeouts are capped at about ten years, well inside PostgreSQL's interval range."""
 
@@ -38,7 +40,7 @@ def name(field: str, value: object) -> str:
         raise ValidationError(field, "must not be empty")
     if len(value) > NAME_MAX_LENGTH:
         raise ValidationError(field, f"must be at most {NAME_MAX_LENGTH} characters")
-    if not NAME_PATTERN.match(value):
+    if not NAME_PATTERN.fullmatch(value):
         raise ValidationError(
             field,
             "may contain only letters, digits, '_', '.', ':' and '-', starting with a letter or digit",
@@ -85,6 +87,9 @@ def run_at(value: object) -> datetime:
         raise ValidationError("run_at", "must be a datetime")
     if value.tzinfo is None or value.utcoffset() is None:
         raise ValidationError("run_at", "must include a time zone")
+    if not RUN_AT_MIN <= value < RUN_AT_MAX:
+        # Outside this range a timestamptz may be stored yet not read back into Python.
+        raise ValidationError("run_at", "must be between 1970-01-01 and 9999-01-01 (UTC)")
     return value
 
 

@@ -172,15 +172,27 @@ ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: queue_stats
--- Counts per queue and state, and the age of the oldest runnable job, in one snapshot.
-SELECT queue,
-       state::text AS state,
-       count(*) AS jobs,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE state = 'queued' AND run_at <= now()))
+-- Counts per queue and state from the rollups (migration 0002), so the cost does not
+-- grow with history, and the age of the oldest runnable job from the claim index.
+-- One statement, so one snapshot.
+WITH counts AS (
+    SELECT queue,
+           sum(queued)::bigint AS queued,
+           sum(running)::bigint AS running,
+           sum(succeeded)::bigint AS succeeded,
+           sum(dead)::bigint AS dead,
+           sum(cancelled)::bigint AS cancelled
+    FROM {schema}.queue_rollups
+    GROUP BY queue
+)
+SELECT counts.*,
+       (SELECT extract(epoch FROM now() - min(job.run_at))::float8
+        FROM {schema}.jobs AS job
+        WHERE job.state = 'queued' AND job.queue = counts.queue AND job.run_at <= now())
            AS oldest_runnable_age_seconds
-FROM {schema}.jobs
-GROUP BY queue, state
-ORDER BY queue, state;
+FROM counts
+WHERE counts.queued + counts.running + counts.succeeded + counts.dead + counts.cancelled > 0
+ORDER BY counts.queue;
 
 -- name: job_prune
 -- Deletes one batch of finished jobs older than the cutoff; run until it deletes none.
