@@ -13,7 +13,7 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Collection, Iterable, Iterator, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -663,6 +663,57 @@ class Queue:
             if deleted < batch_size:
                 return total
 
+    def prune_expired(
+        self,
+        retention: Mapping[str | JobState, timedelta | float],
+        *,
+        batch_size: int = 500,
+        max_batches: int = 100,
+    ) -> int | None:
+        """Delete the finished jobs that are past their state's retention: the
+        automatic pruner's round.
+
+        ``retention`` maps finished states to how long after finishing their jobs are
+        kept; states left out are kept forever. Each batch of at most ``batch_size`` jobs
+        is deleted in a short transaction of its own that holds a transaction-scoped
+        advisory lock, so however many processes call this, one deletes at a time, no
+        lock outlives its transaction (safe behind PgBouncer), and claims never wait
+        behind one long DELETE. The round ends when nothing expired is left, or after
+        ``max_batches`` batches (the next round carries on).
+
+        Returns how many jobs were deleted, or None when another process held the lock
+        before this call deleted anything.
+        """
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValidationError("batch_size", "must be a positive integer")
+        if isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
+            raise ValidationError("max_batches", "must be a positive integer")
+        rules = _retention_rules(retention)
+        key = advisory_key("prune", self.schema)
+        total = 0
+        batches = 0
+        for state, seconds in rules:
+            while batches < max_batches:
+                with self._connection() as conn:
+                    cur = conn.cursor(row_factory=dict_row)
+                    cur.execute(self._sql("pruner_try_lock"), {"key": key})
+                    if not cur.fetchone()["locked"]:
+                        return None if batches == 0 else total
+                    cur.execute(
+                        self._sql("job_prune"),
+                        {
+                            "states": [state.value],
+                            "older_than_seconds": seconds,
+                            "batch_size": batch_size,
+                        },
+                    )
+                    deleted = cur.rowcount
+                batches += 1
+                total += deleted
+                if deleted < batch_size:
+                    break
+        return total
+
     # -- observing --------------------------------------------------------------
 
     def metrics_snapshot(self) -> MetricsSnapshot:
@@ -719,6 +770,25 @@ def _claim_params(
         "lease_seconds": lease_seconds,
         "worker_id": worker_id or default_worker_id(),
     }
+
+
+def _retention_rules(
+    retention: Mapping[str | JobState, timedelta | float],
+) -> list[tuple[JobState, float]]:
+    """(state, seconds kept after finishing) per state in ``retention``, checked."""
+    rules: list[tuple[JobState, float]] = []
+    for state, kept in retention.items():
+        try:
+            chosen = JobState(state)
+        except ValueError:
+            raise ValidationError("retention", f"{state!r} is not a job state") from None
+        if not chosen.finished:
+            raise ValidationError(
+                "retention", "only succeeded, dead and cancelled jobs can be pruned"
+            )
+        seconds = kept.total_seconds() if isinstance(kept, timedelta) else kept
+        rules.append((chosen, validation.seconds("retention", seconds)))
+    return rules
 
 
 def _in_claim_order(rows: list[dict[str, Any]]) -> list[Job]:

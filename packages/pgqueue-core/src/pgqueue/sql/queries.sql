@@ -207,7 +207,11 @@ WHERE id IN (
 
 -- name: reaper_try_lock
 -- Transaction-scoped, so it is safe behind PgBouncer; the reap runs in the same transaction.
-SELECT pg_try_advisory_xact_lock(%(key)s) AS locked;
+-- A reaper paused inside this transaction (a frozen VM, SIGSTOP) would keep the lock, and
+-- every other worker from reaping, until it resumed: the server ends such a session once
+-- it has sat idle in the transaction for 5 s (for this transaction only).
+SELECT pg_try_advisory_xact_lock(%(key)s) AS locked,
+       set_config('idle_in_transaction_session_timeout', '5s', true) AS idle_limit;
 
 -- name: migration_lock
 SELECT pg_advisory_xact_lock(%(key)s);
@@ -277,3 +281,9 @@ WHERE state = 'queued'
 -- name: jobs_listen
 -- Subscribes the session to the channel the insert and requeue triggers notify.
 LISTEN {channel};
+
+-- name: pruner_try_lock
+-- The automatic pruner's turn: transaction-scoped, like the reaper's, so it is safe
+-- behind PgBouncer; one batch of job_prune runs in the same transaction, so however many
+-- workers run a pruner, one deletes at a time.
+SELECT pg_try_advisory_xact_lock(%(key)s) AS locked;

@@ -1,0 +1,288 @@
+"""``pgqueue worker``: serve queues with the task handlers that plugins register.
+
+Every flag can also come from the environment, as ``PGQUEUE_`` plus the flag in upper
+snake case (``PGQUEUE_CONCURRENCY=8``); repeatable flags take comma-separated values
+there (``PGQUEUE_QUEUE=emails,reports``).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import click
+import pluggy
+import psycopg
+
+from pgqueue import DatabaseUnavailable, LifecycleHooks, Queue, ValidationError, validation
+from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS
+from pgqueue.cli import database_options, resolve_url
+from pgqueue.plugins import collect_tasks, get_plugin_manager
+from pgqueue.queue import CLAIM_MODES, default_worker_id
+from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE, check_schema
+from pgqueue_worker import connections, logging_setup
+from pgqueue_worker.handlers import import_module, load_handlers, merge_handlers
+from pgqueue_worker.signals import stop_on_signals
+from pgqueue_worker.worker import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_POLL_INTERVAL,
+    DEFAULT_REAP_INTERVAL,
+    DEFAULT_SHUTDOWN_TIMEOUT,
+    Worker,
+)
+
+log = logging.getLogger("pgqueue.worker")
+
+NO_HANDLERS_EXIT_CODE = 2
+SHUTDOWN_TIMED_OUT_EXIT_CODE = 1
+
+NO_HANDLERS_HELP = """\
+error: no task handlers, so this worker would have nothing to run. Add some:
+  - install a plugin that registers tasks through the "pgqueue" entry-point group,
+    for example: pip install pgqueue-examples
+  - or pass --handlers module:ATTR, a dict of task name to callable,
+    for example: --handlers myapp.tasks:HANDLERS
+  - or pass --plugin module, a module with a @pgqueue.hookimpl register_tasks(register)
+`pgqueue plugins` lists the plugins installed here."""
+
+SECONDS = click.FloatRange(min=0, min_open=True)
+
+
+def _split(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
+    """Repeatable flags also accept comma-separated values (as their variables must)."""
+    return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
+
+
+def _env(flag: str) -> str:
+    return "PGQUEUE_" + flag.upper().replace("-", "_")
+
+
+def _option(flag: str, *names: str, **kwargs: Any) -> Any:
+    """A ``--flag`` option that can also be set as ``PGQUEUE_FLAG``."""
+    return click.option(f"--{flag}", *names, envvar=_env(flag), show_envvar=True, **kwargs)
+
+
+@click.command("worker")
+@_option(
+    "queue",
+    "queues",
+    multiple=True,
+    callback=_split,
+    metavar="NAME",
+    help=f"Queue to serve (repeatable). Default: {DEFAULT_QUEUE}.",
+)
+@_option(
+    "concurrency",
+    type=click.IntRange(1, 1024),
+    default=DEFAULT_CONCURRENCY,
+    show_default=True,
+    help="Handler slots: jobs run at once.",
+)
+@_option(
+    "handlers",
+    "handler_specs",
+    multiple=True,
+    callback=_split,
+    metavar="MODULE:ATTR",
+    help="A dict of task name to callable, added to the plugins' handlers (repeatable).",
+)
+@_option(
+    "plugin",
+    "plugin_modules",
+    multiple=True,
+    callback=_split,
+    metavar="MODULE",
+    help="A module to register as a plugin: its tasks and hooks (repeatable).",
+)
+@_option(
+    "no-plugin-autoload",
+    is_flag=True,
+    help='Do not load the plugins installed under the "pgqueue" entry-point group.',
+)
+@_option(
+    "lease-seconds",
+    type=SECONDS,
+    default=DEFAULT_LEASE_SECONDS,
+    show_default=True,
+    help="A claimed job's lease; the heartbeat extends it while the handler runs.",
+)
+@_option(
+    "heartbeat-seconds",
+    type=SECONDS,
+    help="How often leases are extended. Default: a third of --lease-seconds.",
+)
+@_option(
+    "poll-interval",
+    type=SECONDS,
+    default=DEFAULT_POLL_INTERVAL,
+    show_default=True,
+    help="Look for runnable jobs at least this often (LISTEN/NOTIFY wakes it sooner).",
+)
+@_option(
+    "no-listen", is_flag=True, help="Poll only: no LISTEN (for PgBouncer in transaction mode)."
+)
+@_option(
+    "reap-interval",
+    type=SECONDS,
+    default=DEFAULT_REAP_INTERVAL,
+    show_default=True,
+    help="How often to look for expired leases (one worker at a time does).",
+)
+@_option(
+    "claim-mode",
+    type=click.Choice(CLAIM_MODES),
+    default="skip-locked",
+    show_default=True,
+    help="Row locking of claims; for-update exists for comparison.",
+)
+@_option(
+    "retry-base",
+    type=SECONDS,
+    default=DEFAULT_BASE_SECONDS,
+    show_default=True,
+    help="Backoff after the first failed attempt, doubling after each (seconds).",
+)
+@_option(
+    "retry-cap",
+    type=SECONDS,
+    default=DEFAULT_CAP_SECONDS,
+    show_default=True,
+    help="The longest backoff (seconds).",
+)
+@_option(
+    "burst",
+    is_flag=True,
+    help="Exit 0 once no job this worker could claim is runnable now.",
+)
+@_option(
+    "shutdown-timeout",
+    type=click.FloatRange(min=0),
+    default=DEFAULT_SHUTDOWN_TIMEOUT,
+    show_default=True,
+    help="On SIGTERM/SIGINT, how long running jobs may take to finish.",
+)
+@_option(
+    "log-format",
+    type=click.Choice(logging_setup.FORMATS),
+    default="text",
+    show_default=True,
+)
+@_option(
+    "log-level",
+    type=click.Choice(logging_setup.LEVELS),
+    default="info",
+    show_default=True,
+    help="info logs one line per job state change.",
+)
+@database_options
+@click.pass_context
+def worker(
+    ctx: click.Context,
+    queues: tuple[str, ...],
+    concurrency: int,
+    handler_specs: tuple[str, ...],
+    plugin_modules: tuple[str, ...],
+    no_plugin_autoload: bool,
+    lease_seconds: float,
+    heartbeat_seconds: float | None,
+    poll_interval: float,
+    no_listen: bool,
+    reap_interval: float,
+    claim_mode: str,
+    retry_base: float,
+    retry_cap: float,
+    burst: bool,
+    shutdown_timeout: float,
+    log_format: str,
+    log_level: str,
+    database_url: str | None,
+    schema: str,
+) -> None:
+    """Run task handlers on jobs claimed from the queue.
+
+    Handlers come from installed plugins, --plugin modules and --handlers dicts.
+    SIGTERM or SIGINT stops claiming and lets running jobs finish (exit 0); a second
+    signal exits at once. Exit status 1 means the shutdown timeout left jobs running,
+    2 that there was nothing to run or a flag was wrong.
+    """
+    worker_id = default_worker_id()
+    logging_setup.configure(log_format, log_level, worker_id=worker_id)
+    queues = queues or (DEFAULT_QUEUE,)
+    for name in queues:
+        _checked(validation.name, "queue", name)
+    _checked(check_schema, schema)
+
+    pm = _plugin_manager(plugin_modules, autoload=not no_plugin_autoload)
+    explicit: dict[str, Any] = {}
+    for spec in handler_specs:
+        try:
+            explicit.update(load_handlers(spec))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--handlers") from None
+    handlers = merge_handlers(collect_tasks(pm), explicit)
+    if not handlers:
+        click.echo(NO_HANDLERS_HELP, err=True)
+        ctx.exit(NO_HANDLERS_EXIT_CODE)
+
+    url = resolve_url(database_url)
+    hooks = LifecycleHooks(pm)
+    pool = connections.open_pool(url, application_name=connections.MAIN)
+    queue = Queue(pool, schema=schema, hooks=hooks, retry_base=retry_base, retry_cap=retry_cap)
+    try:
+        _check_migrated(queue, queues, handlers)
+        runner = _checked(
+            Worker,
+            queue,
+            handlers,
+            queues=queues,
+            concurrency=concurrency,
+            lease_seconds=lease_seconds,
+            heartbeat_seconds=heartbeat_seconds,
+            poll_interval=poll_interval,
+            listen=not no_listen,
+            reap_interval=reap_interval,
+            claim_mode=claim_mode,
+            burst=burst,
+            shutdown_timeout=shutdown_timeout,
+            worker_id=worker_id,
+        )
+        with stop_on_signals(runner):
+            clean = runner.run()
+    finally:
+        queue.close()
+    if hooks.errors:
+        counts = ", ".join(f"{name} {count}" for name, count in sorted(hooks.errors.items()))
+        log.warning("lifecycle hooks raised and were ignored: %s", counts)
+    ctx.exit(0 if clean else SHUTDOWN_TIMED_OUT_EXIT_CODE)
+
+
+def _checked(function: Any, *args: Any, **kwargs: Any) -> Any:
+    """Call ``function``, turning a ValidationError into a usage error (exit 2)."""
+    try:
+        return function(*args, **kwargs)
+    except ValidationError as exc:
+        raise click.UsageError(str(exc)) from None
+
+
+def _plugin_manager(modules: tuple[str, ...], *, autoload: bool) -> pluggy.PluginManager:
+    pm = get_plugin_manager(load_entrypoints=autoload)
+    for name in modules:
+        try:
+            pm.register(import_module(name), name=name)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--plugin") from None
+    pm.check_pending()
+    return pm
+
+
+def _check_migrated(queue: Queue, queues: tuple[str, ...], handlers: dict[str, Any]) -> None:
+    """Fail now, with the fix, if the schema has no jobs table. An unreachable database
+    is not an error: the worker waits for it."""
+    try:
+        queue.next_run_in(queues, list(handlers))
+    except DatabaseUnavailable:
+        pass
+    except psycopg.errors.UndefinedTable:
+        raise click.ClickException(
+            f"schema {queue.schema} has no jobs table: run `pgqueue migrate --schema {queue.schema}`"
+        ) from None

@@ -1,0 +1,47 @@
+"""The heartbeat: one statement per interval extends every lease the worker holds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from pgqueue import Lease, Queue
+from pgqueue_worker.leases import LeaseSet
+from pgqueue_worker.outage import DatabaseHealth
+from pgqueue_worker.service import PeriodicService
+
+
+class Heartbeat(PeriodicService):
+    """Extends all of ``leases`` every ``interval`` seconds through ``queue``, which should
+    have a connection of its own so that a busy pool can never delay it.
+
+    Leases the database no longer recognises (the job was cancelled, or reaped after
+    this worker stalled) are reported to ``on_lost``; the worker then discards those
+    attempts' outcomes.
+    """
+
+    name = "heartbeat"
+
+    def __init__(
+        self,
+        queue: Queue,
+        leases: LeaseSet,
+        *,
+        interval: float,
+        lease_seconds: float,
+        health: DatabaseHealth,
+        on_lost: Callable[[list[Lease]], None],
+    ) -> None:
+        super().__init__(interval, health)
+        self.queue = queue
+        self.leases = leases
+        self.lease_seconds = lease_seconds
+        self.on_lost = on_lost
+
+    def tick(self) -> bool:
+        held = self.leases.snapshot()
+        if not held:
+            return False
+        lost_ids = self.queue.heartbeat(held, self.lease_seconds)
+        if lost_ids:
+            self.on_lost([lease for lease in held if lease.job_id in lost_ids])
+        return True

@@ -1,0 +1,45 @@
+"""The leases a worker holds: written by the claim loop, read by the heartbeat."""
+
+from __future__ import annotations
+
+import threading
+
+from pgqueue import Job, Lease
+
+
+class LeaseSet:
+    """Leases held right now, keyed by job id. A lease is held from the claim until the
+    attempt's outcome is written, or until the worker learns it was lost."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._leases: dict[int, Lease] = {}
+
+    def add(self, job: Job) -> None:
+        """Hold ``job``'s lease."""
+        assert job.lease_token is not None, "only a claimed job has a lease"
+        with self._lock:
+            self._leases[job.id] = Lease(job.id, job.lease_token)
+
+    def release(self, lease: Lease) -> bool:
+        """Stop holding ``lease``; False if it was not held (already released, or the
+        job has been claimed again since under a new token)."""
+        with self._lock:
+            if self._leases.get(lease.job_id) != lease:
+                return False
+            del self._leases[lease.job_id]
+            return True
+
+    def holds(self, lease: Lease) -> bool:
+        """True while ``lease`` is held."""
+        with self._lock:
+            return self._leases.get(lease.job_id) == lease
+
+    def snapshot(self) -> list[Lease]:
+        """Every lease held right now."""
+        with self._lock:
+            return list(self._leases.values())
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._leases)

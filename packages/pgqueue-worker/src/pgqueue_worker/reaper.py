@@ -1,0 +1,39 @@
+"""The reaper: puts jobs whose lease expired back to queued, or dead-letters them.
+
+Every worker runs one, but ``Queue.reap`` takes a transaction-scoped advisory lock, so
+at most one reaps at a time and the others skip their turn. Lifecycle hooks for the
+reaped jobs (``on_fail``, and ``on_dead`` at the last attempt) run in the process that
+reaped them, after the reap committed.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pgqueue import Queue
+from pgqueue_worker.outage import DatabaseHealth
+from pgqueue_worker.service import PeriodicService
+
+log = logging.getLogger("pgqueue.worker")
+
+
+class Reaper(PeriodicService):
+    """Calls ``queue.reap()`` every ``interval`` seconds."""
+
+    name = "reaper"
+
+    def __init__(self, queue: Queue, *, interval: float, health: DatabaseHealth) -> None:
+        super().__init__(interval, health, jitter=True)
+        self.queue = queue
+
+    def tick(self) -> bool:
+        reaped = self.queue.reap()
+        if reaped is None:
+            return False  # another worker holds the reaper lock; this one wrote nothing
+        if reaped:
+            log.info(
+                "reaped %d jobs whose lease expired: %s",
+                len(reaped),
+                ", ".join(f"{job.id} ({job.state.value})" for job in reaped[:20]),
+            )
+        return True

@@ -1,0 +1,64 @@
+"""A background duty that runs every few seconds on a thread of its own."""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+
+from pgqueue import DatabaseUnavailable
+from pgqueue_worker.outage import Backoff, DatabaseHealth
+
+log = logging.getLogger("pgqueue.worker")
+
+
+class PeriodicService:
+    """Calls :meth:`tick` every ``interval`` seconds until stopped.
+
+    When the database is unavailable the tick is retried sooner, with backoff, but
+    never later than the regular interval. Any other exception is logged with its
+    traceback and the service carries on: a background duty must not die quietly.
+    """
+
+    name = "service"
+
+    def __init__(self, interval: float, health: DatabaseHealth, *, jitter: bool = False) -> None:
+        self.interval = interval
+        self.health = health
+        self._jitter = jitter
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"pgqueue-{self.name}", daemon=True)
+
+    def tick(self) -> bool:
+        """One round of the duty; True if it wrote to the database (which proves the
+        database takes writes again after an outage)."""
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Ask the thread to stop and wait up to ``timeout`` seconds for it."""
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        backoff = Backoff(maximum=self.interval)
+        # With jitter, workers started together spread their first rounds out.
+        delay = random.uniform(0, self.interval) if self._jitter else self.interval
+        while not self._stopped.wait(delay):
+            try:
+                wrote = self.tick()
+            except DatabaseUnavailable as exc:
+                self.health.failed(self.name, exc)
+                delay = backoff.next()
+                continue
+            except Exception:
+                log.exception("%s failed; trying again in %.1f s", self.name, self.interval)
+            else:
+                if wrote:
+                    self.health.succeeded()
+            backoff.reset()
+            delay = self.interval

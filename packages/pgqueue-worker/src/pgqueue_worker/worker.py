@@ -1,0 +1,545 @@
+"""The worker: one claim loop feeding N handler slots, with every job under a lease.
+
+The claim loop is the only thread that changes job state for this worker. Each round
+it writes the outcomes of the handlers that finished and claims as many jobs as it has
+free slots, acks and claim together in one transaction when it can
+(``Queue.ack_and_claim``): on a busy queue that is one commit per batch of jobs.
+
+Around it run three helpers, each on a thread of its own: the heartbeat (one
+statement per interval extends every lease this worker holds, on a connection of its
+own), the reaper (puts expired leases back, at most one worker at a time), and the
+listener (LISTEN/NOTIFY wake-ups, polling as the fallback).
+
+Delivery is at least once. An outcome is written only under the lease it was claimed
+with, so a worker that lost its lease (cancelled, or reaped after a stall) can never
+overwrite what another attempt did. An outcome that cannot be written (the database is
+down) is retried until it is, while the lease lasts; if the worker dies first, or the
+lease expires, the job runs again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue as queue_module
+import time
+from collections import Counter
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pgqueue import DatabaseUnavailable, Job, Lease, LeaseLost, Queue, TaskHandler, ValidationError
+from pgqueue.queue import CLAIM_MODES, default_worker_id
+from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE, notify_channel
+from pgqueue_worker import connections
+from pgqueue_worker.executor import Attempt, Executor
+from pgqueue_worker.handlers import HandlerLike, as_task_handlers
+from pgqueue_worker.heartbeat import Heartbeat
+from pgqueue_worker.leases import LeaseSet
+from pgqueue_worker.outage import Backoff, DatabaseHealth
+from pgqueue_worker.reaper import Reaper
+from pgqueue_worker.wakeup import Listener, WakeSignal
+
+log = logging.getLogger("pgqueue.worker")
+
+DEFAULT_CONCURRENCY = 32
+DEFAULT_POLL_INTERVAL = 1.0
+DEFAULT_REAP_INTERVAL = 5.0
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+# Even with nothing to wait for, look around this often (a cheap safety net).
+MAX_SLEEP_SECONDS = 60.0
+# First wait before looking again for a job that is runnable but was locked by another
+# transaction (doubling while that lasts).
+RECHECK_SECONDS = 0.01
+# How long the helper threads get to finish their current round when the worker stops.
+HELPER_STOP_SECONDS = 5.0
+
+
+@dataclass
+class _Outcome:
+    """A finished attempt's outcome, waiting to be written: a result, or an error."""
+
+    attempt: Attempt
+    result: Any = None
+    error: BaseException | str | None = None
+
+
+class Worker:
+    """Runs the handlers of ``handlers`` on jobs claimed from ``queue``.
+
+    ``handlers`` maps task names to callables (or :class:`~pgqueue.TaskHandler`), and
+    the worker claims only those tasks. Lifecycle hooks are the queue's: build it with
+    ``Queue(..., hooks=LifecycleHooks(pm))`` to run plugins' hooks.
+
+    ``run()`` blocks until :meth:`stop` is called (from any thread, or a signal
+    handler), or, with ``burst=True``, until no job it could claim is runnable.
+    """
+
+    def __init__(
+        self,
+        queue: Queue,
+        handlers: Mapping[str, HandlerLike],
+        *,
+        queues: Collection[str] = (DEFAULT_QUEUE,),
+        concurrency: int = DEFAULT_CONCURRENCY,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        heartbeat_seconds: float | None = None,
+        poll_interval: float = DEFAULT_POLL_INTERVAL,
+        listen: bool = True,
+        reap_interval: float = DEFAULT_REAP_INTERVAL,
+        claim_mode: str = "skip-locked",
+        burst: bool = False,
+        shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
+        worker_id: str | None = None,
+    ) -> None:
+        self.queue = queue
+        self.handlers: dict[str, TaskHandler] = as_task_handlers(handlers)
+        if not self.handlers:
+            raise ValidationError("handlers", "a worker needs at least one task handler")
+        self.tasks = sorted(self.handlers)
+        # A lone string is one queue, not a collection of one-letter queue names.
+        self.queues = sorted({queues} if isinstance(queues, str) else set(queues))
+        if not self.queues:
+            raise ValidationError("queues", "a worker serves at least one queue")
+        if concurrency < 1:
+            raise ValidationError("concurrency", "must be at least 1")
+        _positive("lease_seconds", lease_seconds)
+        heartbeat_seconds = lease_seconds / 3 if heartbeat_seconds is None else heartbeat_seconds
+        _positive("heartbeat_seconds", heartbeat_seconds)
+        if heartbeat_seconds >= lease_seconds:
+            raise ValidationError("heartbeat_seconds", "must be shorter than lease_seconds")
+        _positive("poll_interval", poll_interval)
+        _positive("reap_interval", reap_interval)
+        if claim_mode not in CLAIM_MODES:
+            raise ValidationError("claim_mode", f"must be one of {', '.join(CLAIM_MODES)}")
+        if shutdown_timeout < 0:
+            raise ValidationError("shutdown_timeout", "must not be negative")
+        self.concurrency = concurrency
+        self.lease_seconds = lease_seconds
+        self.heartbeat_seconds = heartbeat_seconds
+        self.poll_interval = poll_interval
+        self.listen = listen
+        self.reap_interval = reap_interval
+        self.claim_mode = claim_mode
+        self.burst = burst
+        self.shutdown_timeout = shutdown_timeout
+        self.worker_id = worker_id or default_worker_id()
+        self.counts: Counter[str] = Counter()
+        """What this worker did: succeeded, failed, timed_out, lost (outcomes discarded),
+        and database_errors (claim-loop rounds the database refused)."""
+
+        # Inspecting a handler's signature costs more than running a no-op job.
+        self._wants_job = {name: h.wants_job for name, h in self.handlers.items()}
+        self._is_async = {name: h.is_async for name, h in self.handlers.items()}
+
+        # Handed over from other threads; everything below them is the claim loop's own.
+        self._wake = WakeSignal()
+        # True from the first wake-up sent until the claim loop takes them in: later
+        # senders skip the write (a busy worker finishes a handler every few µs).
+        self._wake_sent = False
+        self._finished: queue_module.SimpleQueue[tuple[Attempt, Any, BaseException | None]] = (
+            queue_module.SimpleQueue()
+        )
+        self._lost: queue_module.SimpleQueue[list[Lease]] = queue_module.SimpleQueue()
+        self._stop_requested = False
+        self._claim_due = True  # set by notifications too: a plain flag, read each round
+
+        self._health = DatabaseHealth()
+        self._leases = LeaseSet()
+        self._attempts: dict[Lease, Attempt] = {}
+        self._pending: dict[Lease, _Outcome] = {}
+        self._busy = 0
+        self._timed = 0  # attempts in _attempts with a deadline
+        self._last_claim_at = -math.inf
+        self._next_run_at: float | None = None
+        self._recheck_delay = 0.0
+        self._started = False
+
+    # -- control ------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Stop claiming, let running handlers finish and their outcomes be written, then
+        return from :meth:`run` (after ``shutdown_timeout`` at most). Safe to call from
+        any thread and from a signal handler."""
+        self._stop_requested = True
+        self._wake.set()
+
+    @property
+    def running_jobs(self) -> int:
+        """Handlers running right now."""
+        return self._busy
+
+    def run(self) -> bool:
+        """Serve jobs until stopped. Returns True when the worker stopped cleanly (every
+        claimed job's outcome written or discarded, no handler still running), False
+        when the shutdown timeout left jobs to their leases."""
+        if self._started:
+            raise RuntimeError("a Worker runs once; create a new one")
+        self._started = True
+        executor = Executor(self.concurrency, self._handler_finished)
+        heartbeat_queue = connections.sibling_queue(self.queue, connections.HEARTBEAT)
+        heartbeat = Heartbeat(
+            heartbeat_queue,
+            self._leases,
+            interval=self.heartbeat_seconds,
+            lease_seconds=self.lease_seconds,
+            health=self._health,
+            on_lost=self._leases_lost,
+        )
+        reaper = Reaper(self.queue, interval=self.reap_interval, health=self._health)
+        listener = None
+        if self.listen:
+            listener = Listener(
+                self.queue,
+                self.queues,
+                connect=lambda: connections.dedicated_connection(self.queue, connections.LISTEN),
+                wake=self._notified,
+                poll_interval=self.poll_interval,
+            )
+        self._log_start()
+        executor.start()
+        heartbeat.start()
+        reaper.start()
+        if listener is not None:
+            listener.start()
+        try:
+            return self._serve(executor)
+        finally:
+            helpers = [helper for helper in (listener, reaper, heartbeat) if helper is not None]
+            # Tell them all first, then wait: one stuck in a call to a dead server must
+            # not hold up the others' stopping.
+            for helper in helpers:
+                helper.stop(timeout=0)
+            for helper in helpers:
+                helper.stop(HELPER_STOP_SECONDS)
+            executor.shutdown()
+            heartbeat_queue.pool.close(timeout=HELPER_STOP_SECONDS)
+
+    # -- the claim loop -------------------------------------------------------------
+
+    def _serve(self, executor: Executor) -> bool:
+        backoff = Backoff()
+        retry_at = 0.0  # during an outage, no database call before this (monotonic)
+        stop_deadline: float | None = None
+        while True:
+            self._wake_sent = False  # before clearing: a wake-up sent from here on is kept
+            self._wake.clear()
+            now = time.monotonic()
+            self._collect(executor, now)
+
+            if self._stop_requested:
+                if stop_deadline is None:
+                    stop_deadline = now + self.shutdown_timeout
+                    log.info(
+                        "stopping: claiming no more jobs; waiting up to %g s for %d running",
+                        self.shutdown_timeout,
+                        self._busy,
+                    )
+                if self._busy == 0 and not self._pending:
+                    log.info("stopped cleanly")
+                    return True
+                if now >= stop_deadline:
+                    log.warning(
+                        "shutdown timeout: leaving %d running jobs (%s) to their leases",
+                        self._busy,
+                        ", ".join(str(a.job.id) for a in self._attempts.values() if not a.returned),
+                    )
+                    return False
+
+            if now >= retry_at:
+                try:
+                    claimed = self._write_and_claim(executor, now)
+                except DatabaseUnavailable as exc:
+                    self.counts["database_errors"] += 1
+                    self._health.failed("claim loop", exc)
+                    self._discard_broken_connections()
+                    retry_at = time.monotonic() + backoff.next()
+                    claimed = None
+                except Exception:
+                    log.exception("claim loop error; retrying with backoff")
+                    retry_at = time.monotonic() + backoff.next()
+                    claimed = None
+                else:
+                    backoff.reset()
+                    retry_at = 0.0
+                if self.burst and claimed == 0 and self._busy == 0 and not self._pending:
+                    log.info("burst: no runnable job left for this worker; exiting")
+                    return True
+
+            self._wake.wait(self._sleep_seconds(time.monotonic(), retry_at, stop_deadline))
+
+    def _collect(self, executor: Executor, now: float) -> None:
+        """Take in finished handlers, leases the heartbeat found lost, and timeouts."""
+        while True:
+            try:
+                attempt, result, error = self._finished.get_nowait()
+            except queue_module.Empty:
+                break
+            attempt.returned = True
+            self._busy -= 1
+            if attempt.abandoned is not None:
+                log.info(
+                    "job %s attempt %s returned after it was %s; outcome discarded",
+                    attempt.job.id,
+                    attempt.job.attempts,
+                    attempt.abandoned,
+                    extra=_job_fields(attempt.job),
+                )
+                self._forget_if_done(attempt)
+                continue
+            if error is not None:
+                log.info(
+                    "job %s %s attempt %s raised",
+                    attempt.job.id,
+                    attempt.job.task,
+                    attempt.job.attempts,
+                    exc_info=error,
+                    extra=_job_fields(attempt.job),
+                )
+            self._pending[_lease(attempt.job)] = _Outcome(attempt, result, error)
+
+        while True:
+            try:
+                lost = self._lost.get_nowait()
+            except queue_module.Empty:
+                break
+            for lease in lost:
+                self._lease_lost(executor, lease, "reported lost by the heartbeat")
+
+        for lease, attempt in list(self._timed_attempts()):
+            if (
+                attempt.deadline is not None
+                and now >= attempt.deadline
+                and not attempt.returned
+                and attempt.abandoned is None
+            ):
+                attempt.abandoned = f"timed out after {attempt.timeout_seconds:g} s"
+                self.counts["timed_out"] += 1
+                self._pending[lease] = _Outcome(attempt, error=attempt.abandoned)
+                executor.cancel(attempt)
+
+    def _write_and_claim(self, executor: Executor, now: float) -> int | None:
+        """Write pending outcomes and, with free slots and reason to, claim more.
+        Returns how many jobs were claimed, or None when no claim was made."""
+        for lease, outcome in list(self._pending.items()):
+            if outcome.error is None:
+                continue
+            try:
+                self.queue.fail(outcome.attempt.job, outcome.error)
+                self.counts["failed"] += 1
+            except LeaseLost:
+                self._discarded(
+                    outcome.attempt, "its lease was lost before the failure was written"
+                )
+            self._health.succeeded()
+            self._written(lease)
+
+        acks = list(self._pending.values())
+        free = self.concurrency - self._busy
+        if self._should_claim(now, free):
+            # Taken down before the claim: a notification that arrives meanwhile sets it
+            # again, so a job committed just after the claim's snapshot is not missed.
+            self._claim_due = False
+            self._last_claim_at = now
+            self._next_run_at = None
+            batch, jobs = self.queue.ack_and_claim(
+                [(o.attempt.job, o.result) for o in acks],
+                self.queues,
+                self.tasks,
+                free,
+                lease_seconds=self.lease_seconds,
+                worker_id=self.worker_id,
+                mode=self.claim_mode,
+            )
+        elif acks:
+            batch = self.queue.ack_many([(o.attempt.job, o.result) for o in acks])
+            jobs = None
+        else:
+            return None
+        self._health.succeeded()
+
+        lost = set(batch.lost)
+        self.counts["succeeded"] += len(batch.succeeded)
+        self.counts["failed"] += len(batch.failed)
+        for outcome in acks:
+            if outcome.attempt.job.id in lost:
+                self._discarded(outcome.attempt, "its lease was lost before the ack was written")
+            self._written(_lease(outcome.attempt.job))
+
+        if jobs is None:
+            return None
+        for job in jobs:
+            self._dispatch(executor, job, now)
+        if len(jobs) == free:
+            self._claim_due = True  # there may be more
+            self._recheck_delay = 0.0
+        else:
+            seconds = self.queue.next_run_in(self.queues, self.tasks)
+            if seconds is not None and seconds <= 0:
+                # Runnable, yet not claimed: another transaction holds the row (another
+                # worker's claim, most likely, which commits in a moment). Look again
+                # soon, backing off in case a long transaction holds it.
+                self._recheck_delay = min(
+                    max(2 * self._recheck_delay, RECHECK_SECONDS), self.poll_interval
+                )
+                seconds = self._recheck_delay
+            else:
+                self._recheck_delay = 0.0
+            if seconds is not None:
+                self._next_run_at = time.monotonic() + seconds
+        return len(jobs)
+
+    def _should_claim(self, now: float, free: int) -> bool:
+        if self._stop_requested or free < 1:
+            return False
+        if self._claim_due or now >= self._last_claim_at + self.poll_interval:
+            return True
+        if self._next_run_at is not None and now >= self._next_run_at:
+            return True
+        # In burst mode an idle worker looks once more before it concludes it is done.
+        return self.burst and self._busy == 0
+
+    def _dispatch(self, executor: Executor, job: Job, now: float) -> None:
+        handler = self.handlers[job.task]
+        timeout = job.timeout_seconds or handler.timeout_seconds
+        attempt = Attempt(
+            job=job,
+            handler=handler,
+            wants_job=self._wants_job[job.task],
+            is_async=self._is_async[job.task],
+            timeout_seconds=timeout,
+            deadline=now + timeout if timeout else None,
+        )
+        self._attempts[_lease(job)] = attempt
+        if attempt.deadline is not None:
+            self._timed += 1
+        self._leases.add(job)
+        self._busy += 1
+        executor.submit(attempt)
+
+    def _sleep_seconds(self, now: float, retry_at: float, stop_deadline: float | None) -> float:
+        """How long the claim loop may sleep before something needs it (other threads
+        wake it earlier through the wake signal)."""
+        if self._stop_requested and self._busy == 0 and not self._pending:
+            return 0.0  # the last outcome is written: time to go
+        wake_at = [now + MAX_SLEEP_SECONDS]
+        if self._pending and retry_at > now:
+            wake_at.append(retry_at)
+        if stop_deadline is not None:
+            wake_at.append(stop_deadline)
+        elif self._busy < self.concurrency:
+            wake_at.append(max(retry_at, self._last_claim_at + self.poll_interval))
+            if self._next_run_at is not None:
+                wake_at.append(max(retry_at, self._next_run_at))
+        for _, attempt in self._timed_attempts():
+            if attempt.abandoned is None and not attempt.returned:
+                wake_at.append(attempt.deadline)
+        return max(0.0, min(wake_at) - now)
+
+    # -- bookkeeping ------------------------------------------------------------------
+
+    def _written(self, lease: Lease) -> None:
+        """The outcome under ``lease`` is written (or discarded): stop holding the lease."""
+        outcome = self._pending.pop(lease, None)
+        self._leases.release(lease)
+        if outcome is not None:
+            self._forget_if_done(outcome.attempt)
+
+    def _discard_broken_connections(self) -> None:
+        """After a connection error, test the pool's idle connections and replace the
+        dead ones now, rather than have the reaper and the next rounds each find one
+        (after a server restart, every pooled connection is dead)."""
+        try:
+            self.queue.pool.check()
+        except Exception:
+            log.debug("checking the pool's connections failed", exc_info=True)
+
+    def _timed_attempts(self) -> list[tuple[Lease, Attempt]]:
+        """The attempts with a time limit (most jobs have none: skip the scan)."""
+        if not self._timed:
+            return []
+        return [(lease, a) for lease, a in self._attempts.items() if a.deadline is not None]
+
+    def _forget_if_done(self, attempt: Attempt) -> None:
+        lease = _lease(attempt.job)
+        if attempt.returned and lease not in self._pending and lease in self._attempts:
+            del self._attempts[lease]
+            if attempt.deadline is not None:
+                self._timed -= 1
+
+    def _lease_lost(self, executor: Executor, lease: Lease, how: str) -> None:
+        attempt = self._attempts.get(lease)
+        if attempt is None or not self._leases.holds(lease):
+            return  # its outcome was written meanwhile: the heartbeat raced the ack
+        self._pending.pop(lease, None)
+        self._leases.release(lease)
+        if not attempt.returned and attempt.abandoned is None:
+            attempt.abandoned = "lost its lease"
+            executor.cancel(attempt)
+        self._discarded(attempt, f"its lease was {how} (cancelled, or reaped after a stall)")
+        self._forget_if_done(attempt)
+
+    def _discarded(self, attempt: Attempt, why: str) -> None:
+        self.counts["lost"] += 1
+        log.warning(
+            "job %s attempt %s: %s; outcome discarded",
+            attempt.job.id,
+            attempt.job.attempts,
+            why,
+            extra=_job_fields(attempt.job),
+        )
+
+    # -- called from other threads ----------------------------------------------------
+
+    def _handler_finished(self, attempt: Attempt, result: Any, error: BaseException | None) -> None:
+        self._finished.put((attempt, result, error))
+        self._poke()
+
+    def _leases_lost(self, leases: list[Lease]) -> None:
+        self._lost.put(leases)
+        self._poke()
+
+    def _notified(self) -> None:
+        self._claim_due = True
+        self._poke()
+
+    def _poke(self) -> None:
+        """Wake the claim loop, unless a wake-up it has not taken in is on its way.
+        Callers hand their data over first, so the loop finds it either way."""
+        if not self._wake_sent:
+            self._wake_sent = True
+            self._wake.set()
+
+    def _log_start(self) -> None:
+        wakeup = (
+            f"LISTEN on {notify_channel(self.queue.schema)} and polling every {self.poll_interval:g} s"
+            if self.listen
+            else f"polling every {self.poll_interval:g} s"
+        )
+        log.info(
+            "worker %s serving queue%s %s with task%s %s: %d slots, %g s leases "
+            "(heartbeat every %g s), %s",
+            self.worker_id,
+            "s" if len(self.queues) > 1 else "",
+            ", ".join(self.queues),
+            "s" if len(self.tasks) > 1 else "",
+            ", ".join(self.tasks),
+            self.concurrency,
+            self.lease_seconds,
+            self.heartbeat_seconds,
+            wakeup,
+        )
+
+
+def _lease(job: Job) -> Lease:
+    assert job.lease_token is not None
+    return Lease(job.id, job.lease_token)
+
+
+def _job_fields(job: Job) -> dict[str, Any]:
+    return {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts}
+
+
+def _positive(name: str, value: float) -> None:
+    if not value > 0:
+        raise ValidationError(name, "must be a positive number of seconds")
