@@ -411,11 +411,6 @@ class Queue:
         with self._connection(conn) as c:
             c.execute(self._sql("jobs_listen"))
 
-    def next_run_at(self, queues: Collection[str], tasks: Collection[str]) -> datetime | None:
-        """When the earliest queued job of ``tasks`` in ``queues`` becomes runnable."""
-        rows = self._rows("job_next_run_at", {"queues": list(queues), "tasks": list(tasks)})
-        return rows[0]["next_run_at"] if rows else None
-
     def heartbeat(
         self, leases: Iterable[Lease], lease_seconds: float = DEFAULT_LEASE_SECONDS
     ) -> set[int]:

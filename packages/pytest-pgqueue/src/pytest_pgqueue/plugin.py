@@ -17,6 +17,7 @@ Fixtures:
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Callable, Collection, Iterator, Mapping
 from typing import Any
@@ -26,7 +27,16 @@ import pytest
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgqueue import Job, JobState, Queue, embedded, migrate
+from pgqueue import (
+    Job,
+    JobState,
+    LifecycleHooks,
+    Queue,
+    collect_tasks,
+    embedded,
+    get_plugin_manager,
+    migrate,
+)
 
 
 def _process_tag(config: pytest.Config) -> str:
@@ -45,9 +55,7 @@ def pgqueue_server_url() -> str:
 
 
 @pytest.fixture(scope="session")
-def pgqueue_database_url(
-    pgqueue_server_url: str, pytestconfig: pytest.Config
-) -> Iterator[str]:
+def pgqueue_database_url(pgqueue_server_url: str, pytestconfig: pytest.Config) -> Iterator[str]:
     """A database of this test process's own, created for the session and dropped after."""
     name = f"pgqueue_test_{_process_tag(pytestconfig)}"
     drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
@@ -88,28 +96,55 @@ def pgqueue_run_jobs(pgqueue_queue: Queue) -> RunJobs:
     claim is runnable, then returns every finished job (succeeded, dead, cancelled),
     oldest first.
 
-    ``handlers`` maps task names to callables and adds to (and wins over) the handlers
-    of installed plugins; ``queues`` defaults to ``("default",)``; other keyword
-    arguments go to :class:`pgqueue_worker.Worker` (e.g. ``concurrency``).
+    The worker serves the task handlers of installed plugins (``plugins=False`` to
+    leave them out) plus ``handlers``, a mapping of task names to callables that wins
+    a name clash; lifecycle hooks of installed plugins run as in a real worker.
+    ``queues`` defaults to ``("default",)``; ``retry_base`` and ``retry_cap`` set the
+    backoff of failed attempts, and a retry due within ``wait_for_retries`` seconds is
+    waited for and run too; other keyword arguments go to :class:`pgqueue_worker.Worker`.
     """
-    from pgqueue_worker import run_burst
+    from pgqueue_worker import Worker, as_task_handlers, merge_handlers
 
     def run_jobs(
         handlers: Mapping[str, Callable[..., Any]] | None = None,
         *,
         queues: Collection[str] = ("default",),
+        plugins: bool = True,
+        retry_base: float = pgqueue_queue.retry_base,
+        retry_cap: float = pgqueue_queue.retry_cap,
+        wait_for_retries: float = 10.0,
         **options: Any,
     ) -> list[Job]:
-        run_burst(pgqueue_queue, handlers, queues=queues, **options)
-        finished: list[Job] = []
-        for state in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED):
-            after = None
-            while True:
-                page = pgqueue_queue.list(state=state, limit=1000, after=after)
-                finished.extend(page.jobs)
-                if page.next_after is None:
-                    break
-                after = page.next_after
-        return sorted(finished, key=lambda job: job.id)
+        pm = get_plugin_manager(load_entrypoints=plugins)
+        merged = merge_handlers(collect_tasks(pm), as_task_handlers(handlers or {}))
+        queue = Queue(
+            pgqueue_queue.pool,
+            schema=pgqueue_queue.schema,
+            hooks=LifecycleHooks(pm),
+            retry_base=retry_base,
+            retry_cap=retry_cap,
+        )
+        deadline = time.monotonic() + wait_for_retries
+        while True:
+            Worker(queue, merged, queues=queues, burst=True, **options).run()
+            # The burst worker stops when nothing is runnable now; a failed job whose
+            # backoff ends soon is run too, so "until empty" includes its retries.
+            wait = queue.next_run_in(queues, merged)
+            if wait is None or time.monotonic() + wait > deadline:
+                return _finished_jobs(pgqueue_queue)
+            time.sleep(max(wait, 0.0))
 
     return run_jobs
+
+
+def _finished_jobs(queue: Queue) -> list[Job]:
+    finished: list[Job] = []
+    for state in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED):
+        after = None
+        while True:
+            page = queue.list(state=state, limit=1000, after=after)
+            finished.extend(page.jobs)
+            if page.next_after is None:
+                break
+            after = page.next_after
+    return sorted(finished, key=lambda job: job.id)

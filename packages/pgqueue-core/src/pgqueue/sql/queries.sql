@@ -73,13 +73,6 @@ FROM claimable
 WHERE job.id = claimable.id
 RETURNING job.*;
 
--- name: job_next_run_at
--- When the next job this worker could claim becomes runnable, to sleep until then.
-SELECT min(run_at) AS next_run_at FROM {schema}.jobs
-WHERE state = 'queued'
-  AND queue = ANY(%(queues)s::text[])
-  AND task = ANY(%(tasks)s::text[]);
-
 -- name: job_heartbeat_many
 -- Extends every lease still held; a lease missing from the result was lost.
 UPDATE {schema}.jobs AS job
