@@ -113,7 +113,7 @@ def run_dev(host: str, port: int, schema: str, concurrency: int) -> int:
         f"enqueue a job and read it back:\n"
         f"  curl -s -X POST {base}/jobs -H 'content-type: application/json' \\\n"
         f'       -d \'{{"task": "echo", "payload": {{"hello": "world"}}}}\'\n'
-        f"  curl -s {base}/jobs/1\n\n"
+        f'  curl -s {base}/jobs/ID      # ID: the "id" in the first answer\n\n'
         f"Ctrl-C stops the API and the worker; `pgqueue db stop` stops PostgreSQL.\n"
     )
     interrupted = threading.Event()
