@@ -111,7 +111,9 @@ def test_the_api_migrates_once_listens_on_8000_and_is_health_checked(compose, mo
     for worker in workers:
         # Workers start once the API has applied the migrations.
         assert worker["depends_on"]["api"]["condition"] == "service_healthy"
-        assert not parse(worker["command"], worker["environment"], monkeypatch).get("run_migrations")
+        assert not parse(worker["command"], worker["environment"], monkeypatch).get(
+            "run_migrations"
+        )
     assert api["depends_on"]["postgres"]["condition"] == "service_healthy"
 
 
