@@ -6,6 +6,8 @@ distribution is ever left out of a check.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.default_venv_backend = "uv|virtualenv"
@@ -40,3 +42,70 @@ def tests(session: nox.Session) -> None:
     """The whole suite on real PostgreSQL: DATABASE_URL if set, else embedded PostgreSQL 18."""
     install_repo(session)
     session.run("pytest", "-n", "auto", *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def crash(session: nox.Session) -> None:
+    """SIGKILL workers at random while they work; results/crash.json (pgqueue bench crash)."""
+    install_repo(session)
+    session.run("pgqueue", "bench", "crash", *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def restart(session: nox.Session) -> None:
+    """Restart PostgreSQL (fast, immediate) under load; results/restart.json."""
+    install_repo(session)
+    session.run("pgqueue", "bench", "restart", *session.posargs)
+
+
+# The peers run side by side with pgqueue, each in a virtualenv of its own so that
+# none of their dependencies meets pgqueue's. Each environment session records the
+# Python it built, for the sessions that require it.
+PEERS = {"procrastinate": ["procrastinate"], "pgqueuer": ["pgqueuer[asyncpg]"]}
+PEER_PYTHONS: dict[str, str] = {}
+
+
+def _peer_environment(peer: str, requirements: list[str]) -> None:
+    def environment(session: nox.Session) -> None:
+        session.install("--upgrade", *requirements, "psycopg[binary]")
+        PEER_PYTHONS[peer] = str(Path(session.bin) / "python")
+
+    environment.__doc__ = f"A virtualenv with the latest {peer}, for the side-by-side runs."
+    nox.session(python=PYTHON, name=f"peer-{peer}", default=False)(environment)
+
+
+for _peer, _requirements in PEERS.items():
+    _peer_environment(_peer, _requirements)
+
+
+def run_peers(session: nox.Session, *args: str) -> None:
+    """Run bench/peers/compare.py with every peer's Python."""
+    pythons = [f"--peer={peer}={PEER_PYTHONS[peer]}" for peer in PEERS]
+    session.run("python", "bench/peers/compare.py", *pythons, *args)
+
+
+@nox.session(python=PYTHON, default=False, requires=[f"peer-{peer}" for peer in PEERS])
+def peers(session: nox.Session) -> None:
+    """pgqueue, procrastinate and PgQueuer side by side; results/peers.json and plots."""
+    install_repo(session)
+    run_peers(session, *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False, requires=[f"peer-{peer}" for peer in PEERS])
+def bench(session: nox.Session) -> None:
+    """Throughput, latency, peers and plots into results/ (`-- --quick` for a short run)."""
+    install_repo(session)
+    quick = ["--quick"] if "--quick" in session.posargs else []
+    # A private cluster of the same version has room for 32 worker processes' connections.
+    session.run("pgqueue", "bench", "throughput", "--private-server", *quick)
+    session.run("pgqueue", "bench", "latency", *quick)
+    run_peers(session, *quick)
+    session.run("pgqueue", "bench", "plot")
+    session.notify("docs")
+
+
+@nox.session(python=PYTHON, default=False)
+def docs(session: nox.Session) -> None:
+    """Regenerate the README's results tables from results/*.json."""
+    install_repo(session)
+    session.run("pgqueue", "bench", "report", "--readme", "README.md")

@@ -1,0 +1,398 @@
+"""pgqueue, procrastinate and PgQueuer side by side: the same throughput and latency
+scenarios, on the same PostgreSQL server, in one run.
+
+Each system runs from a script in this folder (``peer_<name>.py``) that speaks the
+protocol described in ``peerlib.py``, under the Python of its own virtualenv
+(``nox -s peers`` builds them). Each run gets a fresh database on the server.
+
+Throughput: ``--jobs`` no-op jobs are pre-loaded, W worker processes start, report
+ready, and are released together; they drain the queue and exit. The rate runs from
+the first claim to the last completion, read from the system's own tables on the
+database clock. A run counts only if every job completed exactly once: the union of
+the sequence numbers the processes ran is exactly 0..N-1, and the system's tables
+say every job completed and none was started twice.
+
+Latency: W workers wait for jobs while a producer enqueues ``--latency-jobs`` at
+``--rate`` per second, one per transaction; pickup latency is first claim minus
+enqueue, from the system's tables.
+
+Usage (what ``nox -s peers`` runs)::
+
+    python bench/peers/compare.py --peer procrastinate=PYTHON --peer pgqueuer=PYTHON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pgqueue_bench import database, environment, plot, results
+from pgqueue_bench.latency import percentiles
+from pgqueue_bench.progress import LiveLine
+
+HERE = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class System:
+    """One queue under test, with the settings it runs with."""
+
+    name: str
+    peer: str
+    settings: dict[str, str] = field(default_factory=dict)
+    python: str = sys.executable
+
+    @property
+    def script(self) -> Path:
+        return HERE / f"peer_{self.peer}.py"
+
+    @property
+    def slug(self) -> str:
+        return "".join(c if c.isalnum() else "_" for c in self.name.lower())
+
+    def command(self, *args: str) -> list[str]:
+        return [self.python, str(self.script), *args]
+
+    def run(self, *args: str, timeout: float = 300) -> str:
+        """Run one subcommand to completion; return its output."""
+        done = subprocess.run(
+            self.command(*args), capture_output=True, text=True, timeout=timeout, cwd=HERE
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"{self.name} {args[0]} failed:\n{done.stderr[-3000:]}")
+        return done.stdout
+
+    def report(self, url: str, *, latencies: bool = False) -> dict[str, Any]:
+        args = ["report", "--database-url", url] + (["--latencies"] if latencies else [])
+        return json.loads(self.run(*args).strip().splitlines()[-1])
+
+    def setting_args(self) -> list[str]:
+        return [
+            arg for name, value in self.settings.items() for arg in ("--setting", f"{name}={value}")
+        ]
+
+
+def systems(pythons: dict[str, str]) -> list[System]:
+    """pgqueue with its default worker, and each peer with its documented throughput
+    settings; PgQueuer also with the larger batch its tuning guide suggests for
+    short jobs, so the comparison is against its best documented configuration."""
+    return [
+        System("pgqueue", "pgqueue"),
+        System("procrastinate", "procrastinate", python=pythons["procrastinate"]),
+        System("pgqueuer", "pgqueuer", python=pythons["pgqueuer"]),
+        System(
+            "pgqueuer batch 100",
+            "pgqueuer",
+            {"batch_size": "100"},
+            python=pythons["pgqueuer"],
+        ),
+    ]
+
+
+class Workers:
+    """W ``work`` processes of one system, started behind a barrier."""
+
+    def __init__(self, system: System, url: str, count: int, folder: Path, *, drain: bool) -> None:
+        self.seen_files = [folder / f"seen-{n}.txt" for n in range(count)]
+        self.processes = []
+        for n, seen in enumerate(self.seen_files):
+            log = (folder / f"worker-{n}.log").open("w")
+            args = ["work", "--database-url", url, "--seen-file", str(seen), *system.setting_args()]
+            self.processes.append(
+                subprocess.Popen(
+                    system.command(*args, *(["--drain"] if drain else [])),
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    stderr=log,
+                    text=True,
+                    cwd=HERE,
+                )
+            )
+            log.close()
+        self.folder = folder
+
+    def release(self, timeout: float = 120) -> None:
+        """Wait until every process said ready, then let them all go at once."""
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or process.poll() is not None:
+                    raise RuntimeError(f"a worker did not get ready:\n{self.log_tail()}")
+                readable, _, _ = select.select([process.stdout], [], [], remaining)
+                if readable and process.stdout.readline().strip() == "ready":
+                    break
+        for process in self.processes:
+            process.stdin.write("go\n")
+            process.stdin.flush()
+
+    def wait(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for process in self.processes:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        failed = [p.returncode for p in self.processes if p.returncode != 0]
+        if failed:
+            raise RuntimeError(f"workers exited with {failed}:\n{self.log_tail()}")
+
+    def stop(self, timeout: float = 60) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        self.wait(timeout)
+
+    def kill(self) -> None:
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+    def seen(self) -> list[int]:
+        numbers: list[int] = []
+        for path in self.seen_files:
+            if path.exists():
+                numbers += [int(line) for line in path.read_text().split()]
+        return numbers
+
+    def log_tail(self) -> str:
+        return "\n".join(
+            path.read_text()[-1500:] for path in sorted(self.folder.glob("worker-*.log"))
+        )
+
+
+def verify(seen: list[int], jobs: int, report: dict[str, Any]) -> list[str]:
+    """Why a run does not count, or nothing if every job completed exactly once."""
+    problems = []
+    if sorted(seen) != list(range(jobs)):
+        missing = jobs - len(set(seen) & set(range(jobs)))
+        problems.append(f"{missing} jobs never ran, {len(seen) - len(set(seen))} ran twice")
+    if report["completed"] != jobs:
+        problems.append(f"the tables say {report['completed']} of {jobs} jobs completed")
+    if report["most_starts_of_one_job"] > 1:
+        problems.append("the tables say some job was started more than once")
+    return problems
+
+
+def throughput_run(
+    system: System, server_url: str, jobs: int, workers: int, timeout: float
+) -> dict[str, Any]:
+    """Drain ``jobs`` pre-loaded jobs with ``workers`` processes; the rate and checks."""
+    with (
+        database.fresh_database(server_url, f"bench_peer_{system.slug}") as url,
+        tempfile.TemporaryDirectory(prefix="pgqueue-peers-") as folder,
+    ):
+        system.run("setup", "--database-url", url)
+        system.run("enqueue", "--database-url", url, "--jobs", str(jobs))
+        fleet = Workers(system, url, workers, Path(folder), drain=True)
+        try:
+            fleet.release()
+            fleet.wait(timeout)
+        finally:
+            fleet.kill()
+        report = system.report(url)
+        problems = verify(fleet.seen(), jobs, report)
+    seconds = report["seconds"]
+    return {
+        "scenario": "throughput",
+        "system": system.name,
+        "workers": workers,
+        "jobs": jobs,
+        "seconds": seconds,
+        "jobs_per_second": jobs / seconds if seconds else None,
+        "verified": not problems,
+        "problems": problems,
+    }
+
+
+def latency_run(
+    system: System, server_url: str, jobs: int, rate: float, workers: int, timeout: float
+) -> dict[str, Any]:
+    """Pickup latency of ``jobs`` jobs enqueued at ``rate`` per second."""
+    with (
+        database.fresh_database(server_url, f"bench_peer_{system.slug}") as url,
+        tempfile.TemporaryDirectory(prefix="pgqueue-peers-") as folder,
+    ):
+        system.run("setup", "--database-url", url)
+        fleet = Workers(system, url, workers, Path(folder), drain=False)
+        try:
+            fleet.release()
+            time.sleep(1.0)  # let every worker settle into waiting for jobs
+            system.run(
+                "produce", "--database-url", url, "--jobs", str(jobs), "--rate", str(rate),
+                timeout=timeout,
+            )  # fmt: skip
+            deadline = time.monotonic() + timeout
+            while system.report(url)["completed"] < jobs and time.monotonic() < deadline:
+                time.sleep(0.5)
+            fleet.stop()
+        finally:
+            fleet.kill()
+        report = system.report(url, latencies=True)
+        problems = verify(fleet.seen(), jobs, report)
+    return {
+        "scenario": "latency",
+        "system": system.name,
+        "workers": workers,
+        "jobs": jobs,
+        "rate": rate,
+        "latency_ms": percentiles(report["latencies_ms"]),
+        "verified": not problems,
+        "problems": problems,
+    }
+
+
+def summarize(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """Spread per system and worker count over verified runs, and pgqueue's ratio to
+    the fastest peer at each worker count (medians)."""
+    counted = [run for run in runs if run["verified"]]
+    throughput: dict[str, dict[str, Any]] = {}
+    for name in names:
+        by_workers: dict[str, Any] = {}
+        for run in counted:
+            if run["scenario"] == "throughput" and run["system"] == name:
+                by_workers.setdefault(str(run["workers"]), []).append(run["jobs_per_second"])
+        throughput[name] = {w: results.spread(rates) for w, rates in by_workers.items()}
+    ratios = {}
+    for workers, spread in throughput.get("pgqueue", {}).items():
+        peers = {
+            name: throughput[name][workers]["median"]
+            for name in names
+            if name != "pgqueue" and workers in throughput[name]
+        }
+        if peers and spread["median"]:
+            fastest = max(peers, key=peers.get)
+            ratios[workers] = {
+                "pgqueue": spread["median"],
+                "fastest_peer": fastest,
+                "fastest_peer_jobs_per_second": peers[fastest],
+                "ratio": spread["median"] / peers[fastest],
+            }
+    latency = {}
+    for name in names:
+        chosen = [r for r in counted if r["scenario"] == "latency" and r["system"] == name]
+        if chosen:
+            latency[name] = {
+                p: results.spread(r["latency_ms"][p] for r in chosen) for p in ("p50", "p95", "p99")
+            }
+    return {
+        "throughput": throughput,
+        "pgqueue_vs_fastest_peer": ratios,
+        "latency": latency,
+        "runs_not_counted": len(runs) - len(counted),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--peer", action="append", default=[], metavar="NAME=PYTHON",
+        help="The Python of a peer's virtualenv (procrastinate, pgqueuer).",
+    )  # fmt: skip
+    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--workers", default="1,2,4", help="Worker process counts.")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--latency-jobs", type=int, default=1000)
+    parser.add_argument("--latency-workers", type=int, default=2)
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--no-latency", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="2 workers, one run, fewer jobs.")
+    parser.add_argument("--timeout", type=float, default=600.0)
+    parser.add_argument("--database-url", help="Default: DATABASE_URL, else embedded.")
+    parser.add_argument("--results-dir")
+    args = parser.parse_args(argv)
+
+    # Absolute but not resolved: a virtualenv's python is a symlink to the base one.
+    pythons = {
+        name: os.path.abspath(python) for name, python in (p.split("=", 1) for p in args.peer)
+    }
+    missing = {"procrastinate", "pgqueuer"} - set(pythons)
+    if missing:
+        parser.error(f"give --peer for {', '.join(sorted(missing))} (nox -s peers does)")
+    worker_counts = [int(w) for w in args.workers.split(",")]
+    jobs, repeats, latency_jobs = args.jobs, args.repeats, args.latency_jobs
+    if args.quick:
+        worker_counts, repeats, jobs, latency_jobs = [2], 1, min(jobs, 2000), min(latency_jobs, 300)
+
+    target = database.resolve_target(args.database_url)
+    chosen = systems(pythons)
+    versions: dict[str, Any] = {}
+    for system in chosen:
+        versions.update(json.loads(system.run("version").strip().splitlines()[-1]))
+    runs: list[dict[str, Any]] = []
+    with LiveLine() as progress:
+        # Interleave the systems inside each repeat, so a slow spell of the machine
+        # does not fall on one system only.
+        for repeat in range(repeats):
+            for workers in worker_counts:
+                for system in chosen:
+                    progress.update(
+                        f"throughput: {system.name}, {workers} workers, run {repeat + 1}/{repeats}",
+                        force=True,
+                    )
+                    run = throughput_run(system, target.url, jobs, workers, args.timeout)
+                    runs.append({"repeat": repeat + 1, **run})
+                    rate = run["jobs_per_second"]
+                    progress.log(
+                        f"{system.name:>20} x{workers}: {rate:,.0f} jobs/s"
+                        + ("" if run["verified"] else f" (not counted: {run['problems']})")
+                    )
+            if args.no_latency:
+                continue
+            for system in chosen:
+                progress.update(f"latency: {system.name}, run {repeat + 1}/{repeats}", force=True)
+                run = latency_run(
+                    system, target.url, latency_jobs, args.rate, args.latency_workers, args.timeout
+                )
+                runs.append({"repeat": repeat + 1, **run})
+                lat = run["latency_ms"]
+                progress.log(
+                    f"{system.name:>20} latency: p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms"
+                )
+    names = [system.name for system in chosen]
+    summary = summarize(runs, names)
+    block = environment.describe(target.url, target.server)
+    block["packages"].update({k: v for k, v in versions.items() if k != "settings"})
+    parameters = {
+        "jobs": jobs,
+        "worker_counts": worker_counts,
+        "repeats": repeats,
+        "latency_jobs": latency_jobs,
+        "latency_workers": args.latency_workers,
+        "rate": args.rate,
+        "systems": {
+            "pgqueue": "pgqueue worker --burst with its defaults and --log-level warning "
+            "(no log line per job), sync no-op handler",
+            "procrastinate": "async task, run_worker(concurrency=30), LISTEN/NOTIFY on, "
+            "PsycopgConnector (its concurrency how-to)",
+            "pgqueuer": "async entrypoint, AsyncpgDriver, durable tables, batch_size=10 "
+            "(its default and its benchmark tool's)",
+            "pgqueuer batch 100": "as pgqueuer, batch_size=100 (its tuning guide: a larger "
+            "batch for short jobs)",
+        },
+    }
+    document = results.document(
+        "peers", environment=block, parameters=parameters, runs=runs, summary=summary
+    )
+    path = results.write("peers", document, args.results_dir)
+    print(f"wrote {path}")
+    for workers, ratio in summary["pgqueue_vs_fastest_peer"].items():
+        print(
+            f"{workers} workers: pgqueue {ratio['pgqueue']:,.0f} jobs/s, fastest peer "
+            f"{ratio['fastest_peer']} {ratio['fastest_peer_jobs_per_second']:,.0f} jobs/s: "
+            f"{ratio['ratio']:.2f}x"
+        )
+    for image in plot.plot_peers(document, path.parent):
+        print(f"wrote {image}")
+
+
+if __name__ == "__main__":
+    main()

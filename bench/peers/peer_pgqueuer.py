@@ -1,0 +1,121 @@
+"""PgQueuer under the side-by-side protocol of ``peerlib``.
+
+Throughput settings, from PgQueuer's benchmark and performance-tuning pages: the
+asyncpg driver on one connection (``AsyncpgDriver``, which its benchmark tool uses
+by default), an ``async`` entrypoint, durable (logged) tables, and ``batch_size=10``,
+its default and the benchmark tool's. ``--setting batch_size=N`` changes the batch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from datetime import timedelta
+from importlib import metadata
+
+import asyncpg
+import peerlib
+import psycopg
+from pgqueuer import PgQueuer
+from pgqueuer.db import AsyncpgDriver
+from pgqueuer.models import Job
+from pgqueuer.queries import Queries
+from pgqueuer.types import QueueExecutionMode
+
+DEFAULT_SETTINGS = {"batch_size": "10", "driver": "asyncpg"}
+
+
+async def setup(url: str) -> None:
+    connection = await asyncpg.connect(url)
+    try:
+        await Queries(AsyncpgDriver(connection)).install()
+    finally:
+        await connection.close()
+
+
+async def enqueue(url: str, jobs: int) -> None:
+    connection = await asyncpg.connect(url)
+    try:
+        queries = Queries(AsyncpgDriver(connection))
+        for start in range(0, jobs, 1000):
+            seqs = range(start, min(jobs, start + 1000))
+            await queries.enqueue(
+                [peerlib.NOOP_TASK] * len(seqs),
+                [str(seq).encode() for seq in seqs],
+                [0] * len(seqs),
+            )
+    finally:
+        await connection.close()
+
+
+async def produce(url: str, jobs: int, rate: float) -> None:
+    connection = await asyncpg.connect(url)
+    try:
+        queries = Queries(AsyncpgDriver(connection))
+        async for seq in peerlib.on_schedule(jobs, rate):
+            await queries.enqueue(peerlib.NOOP_TASK, str(seq).encode())
+    finally:
+        await connection.close()
+
+
+async def work(url: str, seen_file, drain: bool, settings: dict[str, str]) -> None:
+    chosen = {**DEFAULT_SETTINGS, **settings}
+    seen: list[int] = []
+    connection = await asyncpg.connect(url)
+    pgq = PgQueuer(AsyncpgDriver(connection))
+
+    @pgq.entrypoint(peerlib.NOOP_TASK)
+    async def noop(job: Job) -> None:
+        seen.append(int(job.payload))
+
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, pgq.shutdown.set)
+    await loop.run_in_executor(None, peerlib.wait_for_go)
+    try:
+        await pgq.run(
+            batch_size=int(chosen["batch_size"]),
+            mode=QueueExecutionMode.drain if drain else QueueExecutionMode.continuous,
+            dequeue_timeout=timedelta(seconds=30),
+        )
+    finally:
+        peerlib.write_seen(seen_file, seen)
+        if not connection.is_closed():
+            await connection.close()
+
+
+def report(url: str, latencies: bool) -> dict:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(peerlib.queries()["pgqueuer_report"]).fetchone()
+        out = dict(
+            zip(
+                ("completed", "left_in_queue", "most_starts_of_one_job", "seconds"),
+                row,
+                strict=True,
+            )
+        )
+        if latencies:
+            rows = conn.execute(peerlib.queries()["pgqueuer_latencies"]).fetchall()
+            out["latencies_ms"] = [value for (value,) in rows]
+    return out
+
+
+def main() -> None:
+    args = peerlib.command_line(__doc__)
+    if args.command == "version":
+        peerlib.print_json({"pgqueuer": metadata.version("pgqueuer"), "settings": DEFAULT_SETTINGS})
+    elif args.command == "setup":
+        asyncio.run(setup(args.database_url))
+    elif args.command == "enqueue":
+        asyncio.run(enqueue(args.database_url, args.jobs))
+    elif args.command == "produce":
+        asyncio.run(produce(args.database_url, args.jobs, args.rate))
+    elif args.command == "work":
+        asyncio.run(
+            work(args.database_url, args.seen_file, args.drain, peerlib.settings(args.setting))
+        )
+    elif args.command == "report":
+        peerlib.print_json(report(args.database_url, args.latencies))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""procrastinate under the side-by-side protocol of ``peerlib``.
+
+Throughput settings, from procrastinate's "Execute multiple jobs at the same time"
+guide: an ``async`` task and ``run_worker(concurrency=30)``, with LISTEN/NOTIFY on
+(the default) and the default psycopg connector. ``--setting concurrency=N``
+changes the concurrency.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from importlib import metadata
+
+import peerlib
+import procrastinate
+import psycopg
+
+DEFAULT_SETTINGS = {"concurrency": "30"}
+
+
+def make_app(url: str, seen: list[int]) -> procrastinate.App:
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
+
+    @app.task(name=peerlib.NOOP_TASK)
+    async def noop(seq: int) -> None:
+        seen.append(seq)
+
+    return app
+
+
+async def setup(url: str) -> None:
+    app = make_app(url, [])
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+
+
+async def enqueue(url: str, jobs: int) -> None:
+    app = make_app(url, [])
+    task = app.tasks[peerlib.NOOP_TASK]
+    async with app.open_async():
+        for start in range(0, jobs, 1000):
+            batch = [{"seq": seq} for seq in range(start, min(jobs, start + 1000))]
+            await task.batch_defer_async(*batch)
+
+
+async def produce(url: str, jobs: int, rate: float) -> None:
+    app = make_app(url, [])
+    task = app.tasks[peerlib.NOOP_TASK]
+    async with app.open_async():
+        async for seq in peerlib.on_schedule(jobs, rate):
+            await task.defer_async(seq=seq)
+
+
+async def work(url: str, seen_file, drain: bool, settings: dict[str, str]) -> None:
+    seen: list[int] = []
+    app = make_app(url, seen)
+    chosen = {**DEFAULT_SETTINGS, **settings}
+    async with app.open_async():
+        await app.check_connection_async()
+        loop = asyncio.get_running_loop()
+        await loop.run_in_executor(None, peerlib.wait_for_go)
+        try:
+            # procrastinate installs its own SIGTERM handler: a graceful stop.
+            await app.run_worker_async(
+                concurrency=int(chosen["concurrency"]), wait=not drain, delete_jobs="never"
+            )
+        finally:
+            peerlib.write_seen(seen_file, seen)
+
+
+def report(url: str, latencies: bool) -> dict:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(peerlib.queries()["procrastinate_report"]).fetchone()
+        out = dict(
+            zip(("completed", "jobs", "most_starts_of_one_job", "seconds"), row, strict=True)
+        )
+        if latencies:
+            rows = conn.execute(peerlib.queries()["procrastinate_latencies"]).fetchall()
+            out["latencies_ms"] = [value for (value,) in rows]
+    return out
+
+
+def main() -> None:
+    args = peerlib.command_line(__doc__)
+    if args.command == "version":
+        peerlib.print_json(
+            {"procrastinate": metadata.version("procrastinate"), "settings": DEFAULT_SETTINGS}
+        )
+    elif args.command == "setup":
+        asyncio.run(setup(args.database_url))
+    elif args.command == "enqueue":
+        asyncio.run(enqueue(args.database_url, args.jobs))
+    elif args.command == "produce":
+        asyncio.run(produce(args.database_url, args.jobs, args.rate))
+    elif args.command == "work":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        asyncio.run(
+            work(args.database_url, args.seen_file, args.drain, peerlib.settings(args.setting))
+        )
+    elif args.command == "report":
+        peerlib.print_json(report(args.database_url, args.latencies))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+"""What the peer scripts share. Standard library only: each peer runs in a
+virtualenv of its own, where pgqueue is not installed.
+
+Every peer script answers the same subcommands, which ``compare.py`` drives:
+
+``version``
+    print the peer's package version
+``setup``
+    install the peer's tables into an empty database
+``enqueue --jobs N``
+    pre-load N no-op jobs whose payload is their sequence number 0..N-1
+``work --seen-file F [--drain]``
+    run one worker process: print ``ready`` once connected, start on a line on
+    stdin, and with ``--drain`` exit when the queue is empty (else on SIGTERM);
+    at exit write the sequence numbers this process ran to F, one per line
+``produce --jobs N --rate R``
+    enqueue N no-op jobs at R per second, one per transaction
+``report [--latencies]``
+    print JSON: jobs completed, the most starts of one job, seconds from the
+    first claim to the last completion, and with ``--latencies`` each job's
+    pickup latency in milliseconds, all read from the peer's own tables
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import sys
+import time
+from collections.abc import AsyncIterator, Iterable
+from functools import cache
+from pathlib import Path
+
+NOOP_TASK = "bench_noop"
+
+# The sequence numbers this process ran, for peers whose handlers are found by
+# import path (pgqueue's ``--handlers peerlib:PGQUEUE_HANDLERS``).
+SEEN: list[int] = []
+
+
+def remember(payload: dict) -> None:
+    """A no-op pgqueue handler that remembers which job it ran."""
+    SEEN.append(int(payload["seq"]))
+
+
+PGQUEUE_HANDLERS = {NOOP_TASK: remember}
+_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+@cache
+def queries() -> dict[str, str]:
+    """The named statements of ``queries.sql`` beside this file."""
+    text = (Path(__file__).parent / "queries.sql").read_text()
+    parts = _NAME_LINE.split(text)
+    bodies = {}
+    for name, body in zip(parts[1::2], parts[2::2], strict=True):
+        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
+        bodies[name] = "\n".join(lines).strip().rstrip(";")
+    return bodies
+
+
+def command_line(description: str, argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the shared subcommands and their options."""
+    parser = argparse.ArgumentParser(description=description)
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("version")
+    for name in ("setup", "enqueue", "work", "produce", "report"):
+        command = sub.add_parser(name)
+        command.add_argument("--database-url", required=True)
+        if name in ("enqueue", "produce"):
+            command.add_argument("--jobs", type=int, required=True)
+        if name == "produce":
+            command.add_argument("--rate", type=float, required=True)
+        if name == "work":
+            command.add_argument("--seen-file", type=Path, required=True)
+            command.add_argument("--drain", action="store_true")
+            command.add_argument(
+                "--setting",
+                action="append",
+                default=[],
+                metavar="NAME=VALUE",
+                help="A documented worker setting of the peer (repeatable).",
+            )
+        if name == "report":
+            command.add_argument("--latencies", action="store_true")
+    return parser.parse_args(argv)
+
+
+def settings(pairs: Iterable[str]) -> dict[str, str]:
+    """``NAME=VALUE`` pairs as a dict."""
+    return dict(pair.split("=", 1) for pair in pairs)
+
+
+def wait_for_go() -> None:
+    """The start barrier: say we are ready, then wait for the driver's go."""
+    print("ready", flush=True)
+    sys.stdin.readline()
+
+
+def write_seen(path: Path, seen: Iterable[int]) -> None:
+    """Record the sequence numbers this process ran."""
+    path.write_text("".join(f"{seq}\n" for seq in seen))
+
+
+def print_json(value: object) -> None:
+    """The one line of output ``compare.py`` reads."""
+    print(json.dumps(value), flush=True)
+
+
+async def on_schedule(jobs: int, rate: float) -> AsyncIterator[int]:
+    """Yield 0..jobs-1, each at its due time on a fixed-rate schedule (not a fixed
+    pause, so the rate does not drift with the time each enqueue takes)."""
+    start = time.monotonic()
+    for seq in range(jobs):
+        pause = start + seq / rate - time.monotonic()
+        if pause > 0:
+            await asyncio.sleep(pause)
+        yield seq

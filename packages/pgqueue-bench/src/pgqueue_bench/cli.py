@@ -1,0 +1,27 @@
+"""``pgqueue bench``: the benchmark drivers, each writing JSON under ``results/``."""
+
+from __future__ import annotations
+
+import click
+
+from pgqueue_bench.crash import crash_command
+from pgqueue_bench.latency import latency_command
+from pgqueue_bench.plot import plot_command
+from pgqueue_bench.report import report_command
+from pgqueue_bench.restart import restart_command
+from pgqueue_bench.scale import scale_command
+from pgqueue_bench.throughput import throughput_command
+
+
+@click.group("bench")
+def bench() -> None:
+    """Benchmarks on the embedded PostgreSQL, or DATABASE_URL / --database-url."""
+
+
+bench.add_command(throughput_command)
+bench.add_command(latency_command)
+bench.add_command(crash_command)
+bench.add_command(restart_command)
+bench.add_command(scale_command)
+bench.add_command(plot_command)
+bench.add_command(report_command)

@@ -1,0 +1,272 @@
+"""The crash driver: real workers SIGKILLed at random while they work, and proof that
+every job still succeeded.
+
+Jobs run ``bench_record_delivery``, which commits a delivery row before 10-50 ms of
+work. Every ``kill_interval`` seconds a random worker gets SIGKILL and a replacement
+starts. A killed worker's leases expire after ``lease_seconds``; the reaper puts its
+jobs back, and another worker runs them again. At the end the jobs table and the
+delivery rows say how many jobs succeeded, how many were never delivered, and how
+many were delivered more than once (at-least-once allows duplicates, never loss).
+"""
+
+from __future__ import annotations
+
+import random
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+
+from pgqueue import JobSpec, Queue
+from pgqueue_bench import database, deliveries, environment, handlers, observe, results
+from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.progress import LiveLine
+
+QUEUE_NAME = "bench_crash"
+
+
+@dataclass(frozen=True)
+class CrashScenario:
+    """One crash run's shape. ``kills=None`` keeps killing until every job finished."""
+
+    jobs: int = 1000
+    workers: int = 6
+    concurrency: int = 2
+    lease_seconds: float = 1.0
+    kill_interval: float = 0.3
+    kills: int | None = None
+    # "any": a random running worker; "busy": a random one of those holding a job
+    # (any worker when none is), so that every kill leaves a lease to expire.
+    victims: str = "any"
+    work_ms: tuple[int, int] = handlers.DEFAULT_WORK_MS
+    # Generous, so that a job unlucky enough to be killed many times is retried
+    # rather than dead-lettered: this run is about loss, not about retry policy.
+    max_attempts: int = 25
+    timeout: float = 300.0
+    seed: int | None = None
+
+    def worker_settings(self) -> WorkerSettings:
+        """Short lease and reap intervals, so lost leases come back within a second."""
+        return WorkerSettings(
+            queue=QUEUE_NAME,
+            concurrency=self.concurrency,
+            lease_seconds=self.lease_seconds,
+            heartbeat_seconds=round(self.lease_seconds / 3, 3),
+            reap_interval=round(self.lease_seconds / 2, 3),
+            poll_interval=0.2,
+            retry_base=0.1,
+            retry_cap=1.0,
+            shutdown_timeout=10,
+        )
+
+
+def _worker_pid(worker_id: str | None) -> int | None:
+    # Worker ids are host:pid:nonce (pgqueue.queue.default_worker_id).
+    parts = (worker_id or "").split(":")
+    if len(parts) >= 2 and parts[-2].isdigit():
+        return int(parts[-2])
+    return None
+
+
+def _pids_holding_jobs(queue: Queue) -> set[int]:
+    running = queue.list(state="running", limit=1000).jobs
+    return {pid for pid in (_worker_pid(job.worker_id) for job in running) if pid is not None}
+
+
+def run_crash(
+    url: str,
+    scenario: CrashScenario,
+    *,
+    log_dir: Path,
+    progress: LiveLine | None = None,
+    label: str = "crash",
+) -> dict[str, Any]:
+    """Run one crash scenario in a fresh schema on ``url`` and return its figures."""
+    progress = progress or LiveLine()
+    rng = random.Random(scenario.seed)
+    with (
+        database.run_schema(url, "bench_crash") as schema,
+        Queue.connect(url, schema=schema, max_size=2) as queue,
+    ):
+        specs = [
+            JobSpec(
+                handlers.RECORD_TASK,
+                {"seq": seq, "work_ms": list(scenario.work_ms)},
+                queue=QUEUE_NAME,
+                max_attempts=scenario.max_attempts,
+            )
+            for seq in range(scenario.jobs)
+        ]
+        observe.enqueue_in_batches(queue, specs)
+        started_at = database.database_now(url)
+        kills = 0
+        kills_holding = 0
+        timed_out = False
+        with WorkerFleet(url, schema, scenario.worker_settings(), log_dir) as fleet:
+            fleet.start(scenario.workers)
+            next_kill: float | None = None
+            deadline = time.monotonic() + scenario.timeout
+            while True:
+                fleet.require_running()
+                counts = observe.state_counts(queue, QUEUE_NAME)
+                done = observe.finished(counts)
+                progress.update(
+                    f"{label}: {counts['succeeded']}/{scenario.jobs} succeeded, "
+                    f"{kills} killed ({kills_holding} holding a job), "
+                    f"{len(fleet.running())} workers up"
+                )
+                if done >= scenario.jobs:
+                    break
+                if time.monotonic() > deadline:
+                    timed_out = True
+                    break
+                # Kill only once work has begun, so kills land on working processes
+                # rather than on interpreters still starting up.
+                if next_kill is None and counts["running"] + done > 0:
+                    next_kill = time.monotonic()
+                killing = scenario.kills is None or kills < scenario.kills
+                if killing and next_kill is not None and time.monotonic() >= next_kill:
+                    running = fleet.running()
+                    holding = _pids_holding_jobs(queue)
+                    busy = [p for p in running if p.pid in holding]
+                    victim = rng.choice(busy if scenario.victims == "busy" and busy else running)
+                    if victim.pid in holding:
+                        kills_holding += 1
+                    fleet.kill(victim)
+                    kills += 1
+                    fleet.start_one()
+                    # Keep the cadence, but never fire a burst to catch up after a lag.
+                    next_kill = max(next_kill + scenario.kill_interval, time.monotonic())
+                time.sleep(0.02)
+            unexpected_exits = fleet.unexpected_exits()
+        progress.clear()
+        jobs = observe.all_jobs(queue)
+        final = observe.outcome(jobs)
+        summary = deliveries.summarize(url, schema)
+    wall = (final.last_finished_at - started_at).total_seconds() if final.last_finished_at else None
+    return {
+        "workers_killed": kills,
+        "killed_while_holding_a_job": kills_holding,
+        "jobs": final.jobs,
+        "jobs_succeeded": final.succeeded,
+        "jobs_lost": final.lost,
+        "jobs_never_delivered": final.jobs - summary.jobs_delivered,
+        "duplicate_deliveries": summary.duplicate_deliveries,
+        "most_deliveries_of_one_job": summary.most_deliveries_of_one_job,
+        "failed_attempts_recorded": final.failed_attempts,
+        "jobs_with_expired_lease": final.jobs_with_expired_lease,
+        "delivery_rows": summary.delivery_rows,
+        "handler_invocations": deliveries.count_invocations(log_dir),
+        "wall_seconds": wall,
+        "timed_out": timed_out,
+        "workers_started": fleet.started,
+        "unexpected_worker_exits": unexpected_exits,
+    }
+
+
+SUMMARY_FIGURES = (
+    "workers_killed",
+    "killed_while_holding_a_job",
+    "jobs_succeeded",
+    "jobs_lost",
+    "jobs_never_delivered",
+    "duplicate_deliveries",
+    "most_deliveries_of_one_job",
+    "failed_attempts_recorded",
+    "wall_seconds",
+)
+
+
+def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The spread of each figure over the runs, and whether every run kept every job."""
+    return {
+        "every_job_succeeded_in_every_run": all(
+            run["jobs_lost"] == 0 and not run["timed_out"] for run in runs
+        ),
+        **{name: results.spread(run[name] for run in runs) for name in SUMMARY_FIGURES},
+    }
+
+
+def _describe_run(run: dict[str, Any]) -> str:
+    return (
+        f"killed {run['workers_killed']} workers ({run['killed_while_holding_a_job']} holding "
+        f"a job); {run['jobs_succeeded']}/{run['jobs']} succeeded, {run['jobs_lost']} lost, "
+        f"{run['jobs_never_delivered']} never delivered, {run['duplicate_deliveries']} "
+        f"duplicate deliveries (at most {run['most_deliveries_of_one_job']} of one job), "
+        f"{run['failed_attempts_recorded']} failed attempts recorded, "
+        f"{run['wall_seconds'] or 0:.1f} s"
+    )
+
+
+@click.command("crash")
+@click.option("--jobs", type=click.IntRange(1), default=1000, show_default=True)
+@click.option("--workers", type=click.IntRange(1), default=6, show_default=True)
+@click.option(
+    "--concurrency", type=click.IntRange(1), default=2, show_default=True, help="Slots per worker."
+)
+@click.option("--lease-seconds", type=float, default=1.0, show_default=True)
+@click.option("--kill-interval", type=float, default=0.3, show_default=True)
+@click.option("--kills", type=click.IntRange(0), help="Stop killing after this many kills.")
+@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--seed", type=int, help="Seed for the choice of victims.")
+@click.option("--quick", is_flag=True, help="200 jobs, one run.")
+@click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
+@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+def crash_command(
+    jobs: int,
+    workers: int,
+    concurrency: int,
+    lease_seconds: float,
+    kill_interval: float,
+    kills: int | None,
+    repeats: int,
+    seed: int | None,
+    quick: bool,
+    database_url: str | None,
+    results_dir: str | None,
+) -> None:
+    """SIGKILL random workers every 0.3 s while they work; count lost and duplicate jobs."""
+    if quick:
+        jobs, repeats = min(jobs, 200), 1
+    target = database.resolve_target(database_url)
+    scenario = CrashScenario(
+        jobs=jobs,
+        workers=workers,
+        concurrency=concurrency,
+        lease_seconds=lease_seconds,
+        kill_interval=kill_interval,
+        kills=kills,
+        seed=seed,
+    )
+    runs = []
+    with LiveLine() as progress:
+        for repeat in range(repeats):
+            with tempfile.TemporaryDirectory(prefix="pgqueue-crash-") as log_dir:
+                run = run_crash(
+                    target.url,
+                    scenario,
+                    log_dir=Path(log_dir),
+                    progress=progress,
+                    label=f"crash run {repeat + 1}/{repeats}",
+                )
+            runs.append(run)
+            progress.log(f"run {repeat + 1}: {_describe_run(run)}")
+    summary = summarize_runs(runs)
+    parameters = {**asdict(scenario), "repeats": repeats, "kills": kills}
+    path = results.write(
+        "crash",
+        results.document(
+            "crash",
+            environment=environment.describe(target.url, target.server),
+            parameters=parameters,
+            runs=runs,
+            summary=summary,
+        ),
+        results_dir,
+    )
+    click.echo(f"wrote {path}")
+    if not summary["every_job_succeeded_in_every_run"]:
+        raise click.ClickException("some jobs did not succeed: see the runs above")

@@ -1,0 +1,72 @@
+"""Task handlers the drivers run in real ``pgqueue worker`` processes::
+
+    pgqueue worker --handlers pgqueue_bench.handlers:HANDLERS
+
+``bench_noop`` does nothing, to measure the queue alone. ``bench_record_delivery``
+commits a delivery row, then works for a random 10-50 ms (``payload["work_ms"]``
+overrides the range); the crash and restart drivers count those rows.
+
+The recording handler finds its database in environment variables that the drivers
+set for every worker they start: :data:`DATABASE_URL_VARIABLE` and
+:data:`SCHEMA_VARIABLE`, and, to log invocations to local files as well,
+:data:`RUN_DIR_VARIABLE`.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import threading
+import time
+from typing import Any
+
+from pgqueue import Job
+from pgqueue_bench.deliveries import DeliveryRecorder, InvocationLog
+
+NOOP_TASK = "bench_noop"
+RECORD_TASK = "bench_record_delivery"
+
+DATABASE_URL_VARIABLE = "PGQUEUE_BENCH_DATABASE_URL"
+SCHEMA_VARIABLE = "PGQUEUE_BENCH_SCHEMA"
+RUN_DIR_VARIABLE = "PGQUEUE_BENCH_RUN_DIR"
+
+DEFAULT_WORK_MS = (10, 50)
+
+_setup_lock = threading.Lock()
+_recorder: DeliveryRecorder | None = None
+_invocations: InvocationLog | None = None
+
+
+def _recording_targets() -> tuple[DeliveryRecorder, InvocationLog | None]:
+    global _recorder, _invocations
+    with _setup_lock:
+        if _recorder is None:
+            try:
+                url = os.environ[DATABASE_URL_VARIABLE]
+                schema = os.environ[SCHEMA_VARIABLE]
+            except KeyError as missing:
+                raise RuntimeError(
+                    f"{RECORD_TASK} needs {missing.args[0]} in the worker's environment"
+                ) from None
+            run_dir = os.environ.get(RUN_DIR_VARIABLE)
+            _invocations = InvocationLog(run_dir) if run_dir else None
+            _recorder = DeliveryRecorder(url, schema)
+        return _recorder, _invocations
+
+
+def noop(payload: dict[str, Any]) -> None:
+    """Do nothing: what is left is the queue's own cost per job."""
+    return None
+
+
+def record_delivery(payload: dict[str, Any], job: Job) -> None:
+    """Log the invocation, commit a delivery row, then work for 10-50 ms."""
+    recorder, invocations = _recording_targets()
+    if invocations is not None:
+        invocations.append(job.id, job.attempts)
+    recorder.record(job.id, job.attempts)
+    low, high = payload.get("work_ms", DEFAULT_WORK_MS)
+    time.sleep(random.uniform(low, high) / 1000)
+
+
+HANDLERS = {NOOP_TASK: noop, RECORD_TASK: record_delivery}

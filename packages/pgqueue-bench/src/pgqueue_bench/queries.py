@@ -1,0 +1,47 @@
+"""Named SQL statements of the benchmark drivers, loaded from ``sql/bench.sql``.
+
+The jobs table is read and written only through :class:`pgqueue.Queue`; these
+statements touch what the drivers own: the delivery table the recording handler
+writes, server settings for the environment block, and the private servers'
+fault injection.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib import resources
+
+from psycopg import sql
+
+_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+@cache
+def _statements() -> dict[str, str]:
+    text = resources.files("pgqueue_bench.sql").joinpath("bench.sql").read_text()
+    parts = _NAME_LINE.split(text)
+    # parts = [header, name1, body1, name2, body2, ...]
+    return {
+        name: _without_comments(body) for name, body in zip(parts[1::2], parts[2::2], strict=True)
+    }
+
+
+def _without_comments(body: str) -> str:
+    lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
+    return "\n".join(lines).strip().rstrip(";")
+
+
+def statement(name: str, /, **parts: sql.Composable) -> sql.Composed:
+    """The statement called ``name``, its ``{placeholders}`` filled with ``parts``
+    (identifiers and literals built with :mod:`psycopg.sql`)."""
+    try:
+        body = _statements()[name]
+    except KeyError:
+        raise KeyError(f"no statement named {name!r} in bench.sql") from None
+    return sql.SQL(body).format(**parts)
+
+
+def schema_statement(name: str, schema: str) -> sql.Composed:
+    """The statement called ``name`` for the tables of ``schema``."""
+    return statement(name, schema=sql.Identifier(schema))

@@ -1,0 +1,83 @@
+"""Writing and reading the JSON documents under ``results/``.
+
+Every document has the same top level: ``benchmark`` (its name), ``created_at``,
+``environment`` (see :mod:`pgqueue_bench.environment`), ``parameters``, ``runs``
+(one entry per repeat) and ``summary`` (the spread over the runs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+DEFAULT_RESULTS_DIR = Path("results")
+
+
+def spread(values: Iterable[float]) -> dict[str, float | int | None]:
+    """Median, min and max of ``values`` (one per run), and how many runs."""
+    numbers = [float(v) for v in values if v is not None]
+    if not numbers:
+        return {"median": None, "min": None, "max": None, "runs": 0}
+    return {
+        "median": statistics.median(numbers),
+        "min": min(numbers),
+        "max": max(numbers),
+        "runs": len(numbers),
+    }
+
+
+def results_dir(directory: Path | str | None = None) -> Path:
+    """Where results go: the argument, ``PGQUEUE_RESULTS_DIR``, or ./results."""
+    chosen = directory or os.environ.get("PGQUEUE_RESULTS_DIR") or DEFAULT_RESULTS_DIR
+    return Path(chosen)
+
+
+def document(
+    benchmark: str,
+    *,
+    environment: dict[str, Any],
+    parameters: dict[str, Any],
+    runs: list[dict[str, Any]],
+    summary: dict[str, Any],
+) -> dict[str, Any]:
+    """A results document with the common top level."""
+    return {
+        "benchmark": benchmark,
+        "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "environment": environment,
+        "parameters": parameters,
+        "runs": runs,
+        "summary": summary,
+    }
+
+
+def write(name: str, content: dict[str, Any], directory: Path | str | None = None) -> Path:
+    """Write ``content`` to ``<results dir>/<name>.json`` atomically; return the path."""
+    folder = results_dir(directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
+    partial = folder / f"{name}.json.tmp"
+    partial.write_text(json.dumps(content, indent=2, default=_json_default) + "\n")
+    partial.replace(path)
+    return path
+
+
+def read(name: str, directory: Path | str | None = None) -> dict[str, Any] | None:
+    """The document ``<results dir>/<name>.json``, or None if there is none."""
+    path = results_dir(directory) / f"{name}.json"
+    if not path.exists():
+        return None
+    return json.loads(path.read_text())
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, datetime):
+        return value.isoformat()
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot store {type(value).__name__} in a results file")

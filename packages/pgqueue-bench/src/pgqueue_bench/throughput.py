@@ -1,0 +1,330 @@
+"""The throughput driver: how fast real ``pgqueue worker`` processes drain no-op jobs.
+
+Each run gets a fresh schema. Its worker processes are started first, and the driver
+waits until every one of them has run a warm-up job, so all are connected and idle.
+Then ``jobs`` no-op jobs are loaded with ``enqueue_many`` in ONE transaction: they
+become visible to every worker at the same commit, whose notification releases the
+workers together. The rate is the jobs divided by the time from the first job's
+``started_at`` to the last one's ``finished_at``, both stamped by the database clock,
+so neither process start-up nor the driver's own polling is counted.
+
+A run is verified when every loaded job succeeded at its first attempt. Modes are
+measured in turn within each repeat, so a machine that slows down during the
+benchmark slows every mode alike; the summary gives the median, min and max per mode
+and worker count, and each mode's speed-up over the ``skip-locked`` baseline.
+
+Three modes: the worker's default (many jobs per claim, batched acks), and two with
+one job per claim (``--concurrency 1``), as in the original design: ``skip-locked``
+claims with ``FOR UPDATE SKIP LOCKED``, ``for-update`` with a plain ``FOR UPDATE``,
+under which concurrent claimers queue behind each other's row locks. Worker counts go
+from 1 to 32 processes; past the machine's core count they measure contention.
+
+32 worker processes need about 100 connections, more than a default server allows;
+``--private-server`` runs on a private cluster of the same PostgreSQL version with
+room for them (:mod:`pgqueue_bench.servers`), otherwise at its default settings.
+
+Workers log at ``warning`` here: at ``info`` every job writes two log lines, and the
+benchmark would measure the log formatter.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import psycopg
+
+from pgqueue import Job, JobSpec, JobState, Queue
+from pgqueue_bench import database, environment, handlers, observe, results
+from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.progress import LiveLine
+from pgqueue_bench.servers import PrivateServer, binaries_for
+
+QUEUE_NAME = "bench_throughput"
+BASELINE_MODE = "skip-locked"
+
+# Each mode is the ``WorkerSettings`` it changes from the worker's defaults.
+MODES: dict[str, dict[str, Any]] = {
+    # The worker as installed: its default slots, batched claims and acks.
+    "default": {},
+    # One slot: each transaction acks one job and claims the next, skipping rows
+    # other workers hold...
+    BASELINE_MODE: {"concurrency": 1, "claim_mode": "skip-locked"},
+    # ...or waiting for them: the comparison that shows what SKIP LOCKED buys.
+    "for-update": {"concurrency": 1, "claim_mode": "for-update"},
+}
+WORKER_COUNTS = (1, 2, 4, 8, 16, 32)
+QUICK_WORKER_COUNTS = (1, 2, 4)
+
+# Room for 32 worker processes (up to four connections each) and the driver; every
+# other setting is PostgreSQL's default.
+PRIVATE_SERVER_SETTINGS = {"max_connections": "500", "shared_buffers": "128MB"}
+
+WORKER_LOG_ARGUMENTS = ("--log-level", "warning")
+LOAD_BATCH = 5000
+WARMUP_PAUSE = 0.2
+
+
+@dataclass(frozen=True)
+class ThroughputScenario:
+    """One throughput run's shape."""
+
+    jobs: int = 5_000
+    timeout: float = 900.0
+
+    def worker_settings(self, mode: str) -> WorkerSettings:
+        """The worker's defaults, changed as ``mode`` says."""
+        return WorkerSettings(
+            queue=QUEUE_NAME,
+            shutdown_timeout=10,
+            extra_args=WORKER_LOG_ARGUMENTS,
+            **MODES[mode],
+        )
+
+
+def _warm_up(queue: Queue, workers: int, timeout: float, progress: LiveLine, label: str) -> int:
+    """Run warm-up jobs until every worker process has claimed one (so each is up,
+    connected and idle). Returns how many warm-up jobs it took."""
+    deadline = time.monotonic() + timeout
+    enqueued: list[int] = []
+    # Bounded by time, not rounds: 32 processes take a while to start on a small
+    # machine, and the first ones up take every warm-up job until the rest arrive.
+    while time.monotonic() < deadline:
+        specs = [JobSpec(handlers.NOOP_TASK, {"warmup": True}, queue=QUEUE_NAME)] * workers
+        enqueued += observe.enqueue_in_batches(queue, specs)
+        expected = len(enqueued)
+        observe.wait_for(
+            lambda expected=expected: (
+                observe.state_counts(queue, QUEUE_NAME)["succeeded"] >= expected
+            ),
+            max(1.0, deadline - time.monotonic()),
+            what="the warm-up jobs",
+        )
+        seen = {job.worker_id for job in observe.all_jobs(queue)}
+        progress.update(f"{label}: {len(seen)}/{workers} workers ready", force=True)
+        if len(seen) >= workers:
+            return len(enqueued)
+        time.sleep(WARMUP_PAUSE)
+    raise TimeoutError(f"only some of the {workers} workers claimed warm-up jobs")
+
+
+def _load(url: str, queue: Queue, jobs: int) -> set[int]:
+    """Enqueue ``jobs`` no-op jobs in one transaction, so all appear at one commit."""
+    ids: set[int] = set()
+    with psycopg.connect(url, connect_timeout=10) as conn:
+        for start in range(0, jobs, LOAD_BATCH):
+            specs = [
+                JobSpec(handlers.NOOP_TASK, {"seq": seq}, queue=QUEUE_NAME)
+                for seq in range(start, min(jobs, start + LOAD_BATCH))
+            ]
+            ids.update(result.job.id for result in queue.enqueue_many(specs, conn=conn))
+    return ids
+
+
+def measure(jobs: list[Job]) -> dict[str, Any]:
+    """Rate and verification of one run from its jobs' database timestamps."""
+    first_attempt_successes = [
+        job for job in jobs if job.state is JobState.SUCCEEDED and job.attempts == 1
+    ]
+    started = [job.started_at for job in jobs if job.started_at is not None]
+    finished = [job.finished_at for job in jobs if job.finished_at is not None]
+    seconds = (max(finished) - min(started)).total_seconds() if started and finished else None
+    return {
+        "jobs": len(jobs),
+        "seconds": seconds,
+        "jobs_per_second": len(jobs) / seconds if seconds else None,
+        "verified": bool(jobs) and len(first_attempt_successes) == len(jobs),
+        "not_first_attempt_successes": len(jobs) - len(first_attempt_successes),
+    }
+
+
+def run_throughput(
+    url: str,
+    scenario: ThroughputScenario,
+    mode: str,
+    workers: int,
+    *,
+    log_dir: Path,
+    progress: LiveLine | None = None,
+    label: str = "throughput",
+) -> dict[str, Any]:
+    """One measurement: ``workers`` processes in ``mode`` drain ``scenario.jobs`` jobs."""
+    progress = progress or LiveLine()
+    settings = scenario.worker_settings(mode)
+    with (
+        database.run_schema(url, "bench_throughput") as schema,
+        Queue.connect(url, schema=schema, max_size=2) as queue,
+        WorkerFleet(url, schema, settings, log_dir) as fleet,
+    ):
+        fleet.start(workers)
+        progress.update(f"{label}: starting {workers} workers", force=True)
+        warmups = _warm_up(queue, workers, scenario.timeout, progress, label)
+        progress.update(f"{label}: loading {scenario.jobs} jobs", force=True)
+        measured = _load(url, queue, scenario.jobs)
+        total = warmups + len(measured)
+
+        def drained() -> bool:
+            if fleet.unexpected_exits():
+                raise RuntimeError(f"a worker exited:\n{fleet.log_tail()}")
+            counts = observe.state_counts(queue, QUEUE_NAME)
+            progress.update(f"{label}: {counts['succeeded']}/{total} succeeded")
+            return observe.finished(counts) >= total
+
+        observe.wait_for(drained, scenario.timeout, interval=0.25, what="the measured jobs")
+        progress.clear()
+        jobs = [job for job in observe.all_jobs(queue) if job.id in measured]
+    return {
+        "mode": mode,
+        "workers": workers,
+        "worker_arguments": settings.arguments(),
+        **measure(jobs),
+    }
+
+
+def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per mode and worker count, the spread of jobs/s over the verified runs and the
+    median's ratio to the baseline mode's median at the same worker count."""
+    medians: dict[tuple[str, int], float | None] = {}
+    summary: dict[str, Any] = {}
+    for mode in dict.fromkeys(run["mode"] for run in runs):
+        summary[mode] = {}
+        for workers in sorted({run["workers"] for run in runs if run["mode"] == mode}):
+            rates = [
+                run["jobs_per_second"]
+                for run in runs
+                if run["mode"] == mode and run["workers"] == workers and run["verified"]
+            ]
+            spread = results.spread(rates)
+            summary[mode][str(workers)] = {"jobs_per_second": spread}
+            medians[(mode, workers)] = spread["median"]
+    for mode, by_workers in summary.items():
+        for workers_key, entry in by_workers.items():
+            baseline = medians.get((BASELINE_MODE, int(workers_key)))
+            mine = medians.get((mode, int(workers_key)))
+            entry[f"speedup_over_{BASELINE_MODE}"] = mine / baseline if mine and baseline else None
+    return summary
+
+
+def _describe_run(run: dict[str, Any]) -> str:
+    rate = run["jobs_per_second"]
+    return (
+        f"{run['mode']}, {run['workers']} worker(s): "
+        f"{rate:,.0f} jobs/s ({run['jobs']} jobs in {run['seconds']:.2f} s)"
+        + ("" if run["verified"] else f", NOT verified: {run['not_first_attempt_successes']} jobs")
+    )
+
+
+def _private_target(like_url: str | None) -> database.Target:
+    """A private cluster for this command, of the same major version as ``like_url``'s
+    server (or the embedded one), destroyed when the command ends."""
+    server = PrivateServer(binaries_for(like_url), settings=PRIVATE_SERVER_SETTINGS)
+    server.create()
+    click.get_current_context().call_on_close(server.destroy)
+    server.start()
+    settings = ", ".join(f"{name}={value}" for name, value in PRIVATE_SERVER_SETTINGS.items())
+    return database.Target(server.url(), f"private cluster, {server.binaries.label}, {settings}")
+
+
+@click.command("throughput")
+@click.option("--jobs", type=click.IntRange(1), default=5_000, show_default=True)
+@click.option(
+    "--workers",
+    "worker_counts",
+    type=click.IntRange(1),
+    multiple=True,
+    help="Worker processes (repeatable, one run per count). Default: 1, 2, 4, 8, 16, 32.",
+)
+@click.option(
+    "--mode",
+    "modes",
+    type=click.Choice(list(MODES)),
+    multiple=True,
+    help="Worker configuration (repeatable). Default: all.",
+)
+@click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
+@click.option("--quick", is_flag=True, help="2000 jobs, one run each, 1, 2 and 4 workers.")
+@click.option(
+    "--private-server",
+    is_flag=True,
+    help="Run on a private cluster of the same PostgreSQL version with max_connections 500.",
+)
+@click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
+@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@click.option(
+    "--results-name",
+    default="throughput",
+    show_default=True,
+    help="The results file is <results dir>/<name>.json.",
+)
+def throughput_command(
+    jobs: int,
+    worker_counts: tuple[int, ...],
+    modes: tuple[str, ...],
+    repeats: int,
+    quick: bool,
+    private_server: bool,
+    database_url: str | None,
+    results_dir: str | None,
+    results_name: str,
+) -> None:
+    """Jobs per second draining pre-loaded no-op jobs, per worker mode and process count."""
+    if quick:
+        jobs, repeats = min(jobs, 2000), 1
+    target = (
+        _private_target(database_url) if private_server else database.resolve_target(database_url)
+    )
+    scenario = ThroughputScenario(jobs=jobs)
+    modes = modes or tuple(MODES)
+    worker_counts = worker_counts or (QUICK_WORKER_COUNTS if quick else WORKER_COUNTS)
+    runs = []
+    with LiveLine() as progress:
+        for repeat in range(repeats):
+            for workers in worker_counts:
+                for mode in modes:
+                    with tempfile.TemporaryDirectory(prefix="pgqueue-throughput-") as log_dir:
+                        run = run_throughput(
+                            target.url,
+                            scenario,
+                            mode,
+                            workers,
+                            log_dir=Path(log_dir),
+                            progress=progress,
+                            label=f"throughput {mode} x{workers}, run {repeat + 1}/{repeats}",
+                        )
+                    runs.append({"repeat": repeat + 1, **run})
+                    progress.log(_describe_run(run))
+    summary = summarize_runs(runs)
+    for mode, by_workers in summary.items():
+        for workers, entry in by_workers.items():
+            median = entry["jobs_per_second"]["median"]
+            speedup = entry[f"speedup_over_{BASELINE_MODE}"]
+            click.echo(
+                f"{mode}, {workers} worker(s): median {median or 0:,.0f} jobs/s"
+                + (f", {speedup:.1f}x {BASELINE_MODE}" if speedup else "")
+            )
+    parameters = {
+        **asdict(scenario),
+        "repeats": repeats,
+        "workers": list(worker_counts),
+        "modes": {mode: MODES[mode] for mode in modes},
+        "worker_log_arguments": list(WORKER_LOG_ARGUMENTS),
+        "rate": "jobs / (last finished_at - first started_at), database clock",
+    }
+    path = results.write(
+        results_name,
+        results.document(
+            "throughput",
+            environment=environment.describe(target.url, target.server),
+            parameters=parameters,
+            runs=runs,
+            summary=summary,
+        ),
+        results_dir,
+    )
+    click.echo(f"wrote {path}")
+    if any(not run["verified"] for run in runs):
+        raise click.ClickException("some runs were not verified: see above")
