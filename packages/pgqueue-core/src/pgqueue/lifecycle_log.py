@@ -33,12 +33,16 @@ def _fields(job: Job) -> dict[str, Any]:
 @hookimpl
 def on_start(job: Job) -> None:
     """Log the start of an attempt."""
+    if not log.isEnabledFor(logging.INFO):
+        return  # a busy worker starts thousands of jobs a second: skip building the line
     log.info("job %s %s started (attempt %s)", job.id, job.task, job.attempts, extra=_fields(job))
 
 
 @hookimpl
 def on_success(job: Job) -> None:
     """Log a success with its duration."""
+    if not log.isEnabledFor(logging.INFO):
+        return
     fields = _fields(job)
     log.info(
         "job %s %s succeeded in %.3fs", job.id, job.task, fields["duration"] or 0.0, extra=fields

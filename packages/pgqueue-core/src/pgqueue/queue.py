@@ -15,9 +15,9 @@ import socket
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 import psycopg.errors
@@ -492,15 +492,28 @@ class Queue:
 
     def _settle_acks(
         self,
-        storable: list[tuple[Job, str]],
+        storable: list[_Storable],
         rows: list[dict[str, Any]],
         unstorable: list[tuple[Job, str]],
     ) -> AckBatch:
         """Turn ``job_ack_many``'s rows into an AckBatch, record the unstorable results as
         failed attempts, and run ``on_success`` for what was acked."""
-        succeeded = [Job.from_row(row) for row in rows]
-        acked = {job.id for job in succeeded}
-        lost = [job.id for job, _ in storable if job.id not in acked]
+        # The statement returns only ids and finish times: the rest of each row is what
+        # the worker already holds, and decoding payloads again costs more than the ack.
+        finished_at = {row["id"]: row["finished_at"] for row in rows}
+        succeeded = [
+            replace(
+                s.job,
+                state=JobState.SUCCEEDED,
+                result=s.result,
+                finished_at=finished_at[s.job.id],
+                lease_token=None,
+                lease_expires_at=None,
+            )
+            for s in storable
+            if s.job.id in finished_at
+        ]
+        lost = [s.job.id for s in storable if s.job.id not in finished_at]
         failed: list[Job] = []
         for job, error in unstorable:
             try:
@@ -791,26 +804,33 @@ def _in_claim_order(rows: list[dict[str, Any]]) -> list[Job]:
     return sorted((Job.from_row(r) for r in rows), key=lambda j: (-j.priority, j.run_at, j.id))
 
 
+class _Storable(NamedTuple):
+    """An outcome PostgreSQL can store: the job, the handler's result, and its JSON text."""
+
+    job: Job
+    result: Any
+    text: str
+
+
 def _split_storable(
     outcomes: Iterable[tuple[Job, Any]],
-) -> tuple[list[tuple[Job, str]], list[tuple[Job, str]]]:
-    """(job, result as JSON text) for results PostgreSQL can store, and (job, error) for
-    those it cannot."""
-    storable: list[tuple[Job, str]] = []
+) -> tuple[list[_Storable], list[tuple[Job, str]]]:
+    """Outcomes whose result PostgreSQL can store, and (job, error) for those it cannot."""
+    storable: list[_Storable] = []
     unstorable: list[tuple[Job, str]] = []
     for job, result in outcomes:
         try:
-            storable.append((job, validation.jsonb_text("result", result)))
+            storable.append(_Storable(job, result, validation.jsonb_text("result", result)))
         except ValidationError as exc:
             unstorable.append((job, f"result could not be stored: {exc.message}"))
     return storable, unstorable
 
 
-def _ack_params(storable: list[tuple[Job, str]]) -> dict[str, Any]:
+def _ack_params(storable: list[_Storable]) -> dict[str, Any]:
     return {
-        "ids": [job.id for job, _ in storable],
-        "tokens": [job.lease_token for job, _ in storable],
-        "results": [text for _, text in storable],
+        "ids": [s.job.id for s in storable],
+        "tokens": [s.job.lease_token for s in storable],
+        "results": [s.text for s in storable],
     }
 
 

@@ -222,8 +222,13 @@ class Worker:
         retry_at = 0.0  # during an outage, no database call before this (monotonic)
         stop_deadline: float | None = None
         while True:
-            self._wake_sent = False  # before clearing: a wake-up sent from here on is kept
+            # Clear first, then allow new wake-ups. The other order loses one: a sender
+            # between the two would set the flag, have its byte drained by the clear,
+            # and leave the flag up, so that every later sender skips the write and a
+            # loop with all slots busy sleeps until MAX_SLEEP_SECONDS. Data handed over
+            # before a skipped wake-up is taken in by _collect just below.
             self._wake.clear()
+            self._wake_sent = False
             now = time.monotonic()
             self._collect(executor, now)
 

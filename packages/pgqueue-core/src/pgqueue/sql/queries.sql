@@ -82,7 +82,8 @@ WHERE job.id = lease.id AND job.lease_token = lease.token AND job.state = 'runni
 RETURNING job.id;
 
 -- name: job_ack_many
--- running -> succeeded, for the leases still held.
+-- running -> succeeded, for the leases still held. Returns only what the acking worker
+-- does not already know.
 UPDATE {schema}.jobs AS job
 SET state = 'succeeded',
     result = done.result,
@@ -91,7 +92,7 @@ SET state = 'succeeded',
     lease_expires_at = NULL
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[]) AS done (id, token, result)
 WHERE job.id = done.id AND job.lease_token = done.token AND job.state = 'running'
-RETURNING job.*;
+RETURNING job.id, job.finished_at;
 
 -- name: job_fail
 -- running -> queued after a backoff, or -> dead once the attempts are used up.
