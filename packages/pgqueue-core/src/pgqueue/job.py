@@ -58,6 +58,21 @@ class Job:
         values["state"] = JobState(values["state"])
         return cls(**values)
 
+    def succeeded(self, result: Any, finished_at: datetime) -> Job:
+        """This running job as its ack left it: succeeded with ``result``, lease cleared."""
+        # A worker acks thousands of jobs a second; dataclasses.replace() re-runs the
+        # whole __init__ machinery for each, copying the instance dict does not.
+        job = object.__new__(Job)
+        job.__dict__.update(self.__dict__)
+        job.__dict__.update(
+            state=JobState.SUCCEEDED,
+            result=result,
+            finished_at=finished_at,
+            lease_token=None,
+            lease_expires_at=None,
+        )
+        return job
+
     def to_dict(self) -> dict[str, Any]:
         """The job as plain JSON-friendly values (ISO timestamps, string token)."""
         out: dict[str, Any] = {}

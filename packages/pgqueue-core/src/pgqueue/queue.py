@@ -15,7 +15,7 @@ import socket
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -502,14 +502,7 @@ class Queue:
         # the worker already holds, and decoding payloads again costs more than the ack.
         finished_at = {row["id"]: row["finished_at"] for row in rows}
         succeeded = [
-            replace(
-                s.job,
-                state=JobState.SUCCEEDED,
-                result=s.result,
-                finished_at=finished_at[s.job.id],
-                lease_token=None,
-                lease_expires_at=None,
-            )
+            s.job.succeeded(s.result, finished_at[s.job.id])
             for s in storable
             if s.job.id in finished_at
         ]
