@@ -52,6 +52,20 @@ def crash(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON, default=False)
+def faults(session: nox.Session) -> None:
+    """Fault injection on private clusters (a minute of deadlock hunting); results/faults.json."""
+    install_repo(session)
+    session.run(
+        "pytest",
+        "-n",
+        "2",
+        "tests/faults",
+        *session.posargs,
+        env={"PGQUEUE_FAULTS_DEADLOCK_SECONDS": "60"},
+    )
+
+
+@nox.session(python=PYTHON, default=False)
 def restart(session: nox.Session) -> None:
     """Restart PostgreSQL (fast, immediate) under load; results/restart.json."""
     install_repo(session)

@@ -109,6 +109,10 @@ def open_queue(database_url: str | None, schema: str, **options: Any) -> Queue:
     url = resolve_url(database_url)
     check_schema(schema)
     check_reachable(url)
+    # A one-shot command runs each statement a few times at most, so server-side
+    # prepared statements gain it nothing, and without them every command also works
+    # through PgBouncer in transaction mode (pgqueue prune runs one statement per batch).
+    options.setdefault("prepare", False)
     return Queue.connect(url, schema=schema, min_size=1, max_size=2, **options)
 
 

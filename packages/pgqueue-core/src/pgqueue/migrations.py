@@ -57,7 +57,8 @@ def migrate(conninfo: str, schema: str = DEFAULT_SCHEMA) -> list[int]:
     check_schema(schema)
     lock_key = advisory_key("migrate", schema)
     done: list[int] = []
-    with psycopg.connect(conninfo, autocommit=False) as conn:
+    # No server-side prepared statements: migrate must work through PgBouncer too.
+    with psycopg.connect(conninfo, autocommit=False, prepare_threshold=None) as conn:
         for migration in available():
             with conn.transaction():
                 conn.execute(queries.bind("migration_lock", schema), {"key": lock_key})

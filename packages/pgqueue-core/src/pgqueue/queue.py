@@ -14,7 +14,7 @@ import os
 import socket
 import uuid
 from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 import psycopg
 import psycopg.errors
 import psycopg_pool
-from psycopg.rows import dict_row
+from psycopg.conninfo import conninfo_to_dict
 
-from pgqueue import queries, validation
+from pgqueue import jsonb, queries, validation
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS, backoff_seconds
 from pgqueue.errors import (
     DatabaseUnavailable,
@@ -49,13 +49,17 @@ CLAIM_MODES = tuple(queries.CLAIM_LOCKS)
 DEFAULT_POOL_TIMEOUT = 5.0
 
 # Connection defaults: fail fast when the server is unreachable, and notice a dead
-# peer through TCP keepalives rather than waiting on the kernel's two-hour default.
+# peer within about half a minute: TCP keepalives for an idle connection (instead of
+# the kernel's two hours), TCP_USER_TIMEOUT (milliseconds) for a statement in flight,
+# which keepalives do not cover (instead of about fifteen minutes of retransmissions).
+# Whatever the connection string sets itself wins (see connection_defaults).
 CONNECTION_DEFAULTS = {
     "connect_timeout": 5,
     "keepalives": 1,
     "keepalives_idle": 10,
     "keepalives_interval": 5,
     "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
     "application_name": "pgqueue",
 }
 
@@ -126,6 +130,8 @@ class AckBatch:
     succeeded: list[Job]
     failed: list[Job]
     lost: list[int]
+    lost_leases: list[Lease] = field(default_factory=list)
+    """The leases lost, for telling apart two outcomes of one job in the same batch."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +176,17 @@ class MetricsSnapshot:
     start_bounds: list[float]
     """Upper bounds of the start-latency buckets, in seconds; the last is infinity."""
     queues: list[QueueMetrics]
+
+
+def connection_defaults(conninfo: str) -> dict[str, Any]:
+    """CONNECTION_DEFAULTS less what ``conninfo`` sets itself: libpq takes keyword
+    arguments over the connection string, so passing every default would silently undo
+    a ``?connect_timeout=30`` or ``keepalives_idle=60`` chosen for a given network."""
+    try:
+        given = conninfo_to_dict(conninfo)
+    except psycopg.ProgrammingError:
+        given = {}  # malformed: connecting will say so
+    return {name: value for name, value in CONNECTION_DEFAULTS.items() if name not in given}
 
 
 def default_worker_id() -> str:
@@ -217,7 +234,7 @@ class Queue:
         ``prepare=False`` turns off server-side prepared statements, for PgBouncer in
         transaction mode. Other keyword arguments go to :class:`Queue`.
         """
-        kwargs: dict[str, Any] = dict(CONNECTION_DEFAULTS)
+        kwargs: dict[str, Any] = connection_defaults(conninfo)
         if not prepare:
             kwargs["prepare_threshold"] = None
         pool = psycopg_pool.ConnectionPool(
@@ -263,7 +280,7 @@ class Queue:
         self, name: str, params: dict[str, Any] | None = None, *, conn=None, lock="skip-locked"
     ) -> list[dict[str, Any]]:
         with self._connection(conn) as c:
-            cur = c.cursor(row_factory=dict_row)
+            cur = jsonb.cursor(c)
             cur.execute(self._sql(name, lock), params)
             return cur.fetchall() if cur.description else []
 
@@ -319,7 +336,7 @@ class Queue:
         rows = [spec.params() for spec in specs]
         columns = {key: [row[key] for row in rows] for key in rows[0]}
         with self._connection(conn) as c:
-            cur = c.cursor(row_factory=dict_row)
+            cur = jsonb.cursor(c)
             cur.execute(self._sql("job_insert_many"), columns)
             inserted = [Job.from_row(row) for row in cur.fetchall()]
             return self._match_inserted(cur, specs, inserted)
@@ -389,7 +406,7 @@ class Queue:
         params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode)
         if params is None:
             return []
-        jobs = _in_claim_order(self._rows("job_claim", params, lock=mode))
+        jobs = self._refuse_undecodable(_in_claim_order(self._rows("job_claim", params, lock=mode)))
         for job in jobs:
             self._notify("on_start", job=job)
         return jobs
@@ -472,8 +489,8 @@ class Queue:
         claim_rows: list[dict[str, Any]] = []
         if storable or params is not None:
             with self._connection() as conn:
-                ack_cur = conn.cursor(row_factory=dict_row)
-                claim_cur = conn.cursor(row_factory=dict_row)
+                ack_cur = jsonb.cursor(conn)
+                claim_cur = jsonb.cursor(conn)
                 with conn.pipeline():
                     if storable:
                         ack_cur.execute(self._sql("job_ack_many"), _ack_params(storable))
@@ -485,7 +502,7 @@ class Queue:
                 if params is not None:
                     claim_rows = claim_cur.fetchall()
         batch = self._settle_acks(storable, ack_rows, unstorable)
-        claimed = _in_claim_order(claim_rows)
+        claimed = self._refuse_undecodable(_in_claim_order(claim_rows))
         for job in claimed:
             self._notify("on_start", job=job)
         return batch, claimed
@@ -498,24 +515,48 @@ class Queue:
     ) -> AckBatch:
         """Turn ``job_ack_many``'s rows into an AckBatch, record the unstorable results as
         failed attempts, and run ``on_success`` for what was acked."""
-        # The statement returns only ids and finish times: the rest of each row is what
-        # the worker already holds, and decoding payloads again costs more than the ack.
-        finished_at = {row["id"]: row["finished_at"] for row in rows}
+        # The statement returns only ids, tokens and finish times: the rest of each row is
+        # what the worker already holds, and decoding payloads again costs more than the
+        # ack. Outcomes are matched by lease, not by job id: a stale attempt's outcome
+        # in the same batch as the current attempt's was not acked.
+        finished_at = {(row["id"], row["lease_token"]): row["finished_at"] for row in rows}
         succeeded = [
-            s.job.succeeded(s.result, finished_at[s.job.id])
+            s.job.succeeded(s.result, finished_at[s.job.id, s.job.lease_token])
             for s in storable
-            if s.job.id in finished_at
+            if (s.job.id, s.job.lease_token) in finished_at
         ]
-        lost = [s.job.id for s in storable if s.job.id not in finished_at]
+        lost = [
+            Lease(s.job.id, s.job.lease_token)  # type: ignore[arg-type]
+            for s in storable
+            if (s.job.id, s.job.lease_token) not in finished_at
+        ]
         failed: list[Job] = []
         for job, error in unstorable:
             try:
                 failed.append(self.fail(job, error))
             except LeaseLost:
-                lost.append(job.id)
+                lost.append(Lease(job.id, job.lease_token))  # type: ignore[arg-type]
         for job in succeeded:
             self._notify("on_success", job=job, result=job.result)
-        return AckBatch(succeeded=succeeded, failed=failed, lost=lost)
+        return AckBatch(
+            succeeded=succeeded,
+            failed=failed,
+            lost=[lease.job_id for lease in lost],
+            lost_leases=lost,
+        )
+
+    def _refuse_undecodable(self, claimed: list[Job]) -> list[Job]:
+        """The claimed jobs a handler can be given. A payload Python could not load
+        (:class:`~pgqueue.jsonb.UndecodableJson`) makes its attempt a failed one, with
+        the reason as its error, as an unstorable result does."""
+        runnable = []
+        for job in claimed:
+            if isinstance(job.payload, jsonb.UndecodableJson):
+                with suppress(LeaseLost):
+                    self.fail(job, f"payload could not be decoded: {job.payload.reason}")
+            else:
+                runnable.append(job)
+        return runnable
 
     def fail(self, job: Job, error: str | BaseException) -> Job:
         """Record a failed attempt of ``job``: back to queued after a backoff, or dead
@@ -548,7 +589,7 @@ class Queue:
         Returns the reaped jobs, or None when another process holds the reaper lock.
         """
         with self._connection() as conn:
-            cur = conn.cursor(row_factory=dict_row)
+            cur = jsonb.cursor(conn)
             cur.execute(self._sql("reaper_try_lock"), {"key": advisory_key("reap", self.schema)})
             if not cur.fetchone()["locked"]:
                 return None
@@ -696,7 +737,7 @@ class Queue:
         for state, seconds in rules:
             while batches < max_batches:
                 with self._connection() as conn:
-                    cur = conn.cursor(row_factory=dict_row)
+                    cur = jsonb.cursor(conn)
                     cur.execute(self._sql("pruner_try_lock"), {"key": key})
                     if not cur.fetchone()["locked"]:
                         return None if batches == 0 else total
@@ -840,6 +881,7 @@ def _describe(exc: BaseException) -> str:
 
 __all__ = [
     "CLAIM_MODES",
+    "CONNECTION_DEFAULTS",
     "AckBatch",
     "JobPage",
     "JobSpec",
@@ -847,5 +889,6 @@ __all__ = [
     "Queue",
     "QueueMetrics",
     "QueueStats",
+    "connection_defaults",
     "default_worker_id",
 ]

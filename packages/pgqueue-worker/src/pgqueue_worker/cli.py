@@ -16,12 +16,13 @@ import psycopg
 
 from pgqueue import DatabaseUnavailable, LifecycleHooks, Queue, ValidationError, validation
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS
-from pgqueue.cli import database_options, resolve_url
+from pgqueue.cli import database_options, parse_duration, resolve_url
 from pgqueue.plugins import collect_tasks, get_plugin_manager
 from pgqueue.queue import CLAIM_MODES, default_worker_id
 from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE, check_schema
 from pgqueue_worker import connections, logging_setup
 from pgqueue_worker.handlers import import_module, load_handlers, merge_handlers
+from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Retention
 from pgqueue_worker.signals import stop_on_signals
 from pgqueue_worker.worker import (
     DEFAULT_CONCURRENCY,
@@ -51,6 +52,11 @@ SECONDS = click.FloatRange(min=0, min_open=True)
 def _split(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> tuple[str, ...]:
     """Repeatable flags also accept comma-separated values (as their variables must)."""
     return tuple(part.strip() for value in values for part in value.split(",") if part.strip())
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    """A duration flag (``30s``, ``15m``, ``12h``, ``7d``, ``2w``) in seconds."""
+    return parse_duration(value)
 
 
 def _env(flag: str) -> str:
@@ -122,11 +128,48 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Any:
     "no-listen", is_flag=True, help="Poll only: no LISTEN (for PgBouncer in transaction mode)."
 )
 @_option(
+    "no-prepare",
+    is_flag=True,
+    help="No server-side prepared statements (for PgBouncer in transaction mode).",
+)
+@_option(
     "reap-interval",
     type=SECONDS,
     default=DEFAULT_REAP_INTERVAL,
     show_default=True,
     help="How often to look for expired leases (one worker at a time does).",
+)
+@_option(
+    "prune-succeeded-after",
+    default="7d",
+    show_default=True,
+    callback=_duration,
+    metavar="DURATION",
+    help="Delete succeeded jobs this long after they finished (0: keep them).",
+)
+@_option(
+    "prune-cancelled-after",
+    default="7d",
+    show_default=True,
+    callback=_duration,
+    metavar="DURATION",
+    help="Delete cancelled jobs this long after they were cancelled (0: keep them).",
+)
+@_option(
+    "prune-dead-after",
+    default="30d",
+    show_default=True,
+    callback=_duration,
+    metavar="DURATION",
+    help="Delete dead jobs this long after they died (0: keep them).",
+)
+@_option(
+    "prune-interval",
+    default=f"{DEFAULT_PRUNE_INTERVAL:g}s",
+    show_default=True,
+    callback=_duration,
+    metavar="DURATION",
+    help="How often to prune, in small batches, one worker at a time (0: never).",
 )
 @_option(
     "claim-mode",
@@ -187,6 +230,11 @@ def worker(
     heartbeat_seconds: float | None,
     poll_interval: float,
     no_listen: bool,
+    no_prepare: bool,
+    prune_succeeded_after: float,
+    prune_cancelled_after: float,
+    prune_dead_after: float,
+    prune_interval: float,
     reap_interval: float,
     claim_mode: str,
     retry_base: float,
@@ -226,7 +274,7 @@ def worker(
 
     url = resolve_url(database_url)
     hooks = LifecycleHooks(pm)
-    pool = connections.open_pool(url, application_name=connections.MAIN)
+    pool = connections.open_pool(url, application_name=connections.MAIN, prepare=not no_prepare)
     queue = Queue(pool, schema=schema, hooks=hooks, retry_base=retry_base, retry_cap=retry_cap)
     try:
         _check_migrated(queue, queues, handlers)
@@ -245,6 +293,13 @@ def worker(
             burst=burst,
             shutdown_timeout=shutdown_timeout,
             worker_id=worker_id,
+            retention=_checked(
+                Retention,
+                succeeded=prune_succeeded_after,
+                cancelled=prune_cancelled_after,
+                dead=prune_dead_after,
+            ),
+            prune_interval=prune_interval,
         )
         with stop_on_signals(runner):
             clean = runner.run()

@@ -15,7 +15,7 @@ import psycopg
 import psycopg_pool
 
 from pgqueue import Queue
-from pgqueue.queue import CONNECTION_DEFAULTS, DEFAULT_POOL_TIMEOUT
+from pgqueue.queue import DEFAULT_POOL_TIMEOUT, connection_defaults
 
 MAIN = "pgqueue-worker"
 HEARTBEAT = "pgqueue-worker-heartbeat"
@@ -37,7 +37,7 @@ def open_pool(
     it instead of failing. ``check=True`` tests each connection as it is handed out,
     for a pool used rarely enough that a connection may have died while idle.
     """
-    kwargs: dict[str, Any] = {**CONNECTION_DEFAULTS, "application_name": application_name}
+    kwargs: dict[str, Any] = {**connection_defaults(conninfo), "application_name": application_name}
     if not prepare:
         kwargs["prepare_threshold"] = None
     return psycopg_pool.ConnectionPool(
@@ -71,7 +71,7 @@ def sibling_queue(queue: Queue, application_name: str) -> Queue:
     pool = psycopg_pool.ConnectionPool(
         conninfo,
         kwargs={
-            **CONNECTION_DEFAULTS,
+            **connection_defaults(conninfo),
             **kwargs,
             "application_name": application_name,
             "autocommit": True,
@@ -89,5 +89,5 @@ def sibling_queue(queue: Queue, application_name: str) -> Queue:
 def dedicated_connection(queue: Queue, application_name: str) -> psycopg.Connection:
     """A new autocommit connection to the queue's database, outside any pool."""
     conninfo, kwargs = _connection_settings(queue)
-    options = {**CONNECTION_DEFAULTS, **kwargs, "application_name": application_name}
+    options = {**connection_defaults(conninfo), **kwargs, "application_name": application_name}
     return psycopg.connect(conninfo, autocommit=True, **options)

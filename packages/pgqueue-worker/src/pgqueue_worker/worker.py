@@ -37,6 +37,7 @@ from pgqueue_worker.handlers import HandlerLike, as_task_handlers
 from pgqueue_worker.heartbeat import Heartbeat
 from pgqueue_worker.leases import LeaseSet
 from pgqueue_worker.outage import Backoff, DatabaseHealth
+from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Pruner, Retention
 from pgqueue_worker.reaper import Reaper
 from pgqueue_worker.wakeup import Listener, WakeSignal
 
@@ -91,6 +92,8 @@ class Worker:
         burst: bool = False,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         worker_id: str | None = None,
+        retention: Retention | None = None,
+        prune_interval: float = DEFAULT_PRUNE_INTERVAL,
     ) -> None:
         self.queue = queue
         self.handlers: dict[str, TaskHandler] = as_task_handlers(handlers)
@@ -114,6 +117,8 @@ class Worker:
             raise ValidationError("claim_mode", f"must be one of {', '.join(CLAIM_MODES)}")
         if shutdown_timeout < 0:
             raise ValidationError("shutdown_timeout", "must not be negative")
+        if prune_interval < 0:
+            raise ValidationError("prune_interval", "must not be negative (0 turns pruning off)")
         self.concurrency = concurrency
         self.lease_seconds = lease_seconds
         self.heartbeat_seconds = heartbeat_seconds
@@ -124,6 +129,10 @@ class Worker:
         self.burst = burst
         self.shutdown_timeout = shutdown_timeout
         self.worker_id = worker_id or default_worker_id()
+        # None (the library default) prunes nothing; `pgqueue worker` passes its flags'
+        # retention, and a prune_interval of 0 turns the pruner off.
+        self.retention = retention
+        self.prune_interval = prune_interval
         self.counts: Counter[str] = Counter()
         """What this worker did: succeeded, failed, timed_out, lost (outcomes discarded),
         and database_errors (claim-loop rounds the database refused)."""
@@ -187,6 +196,11 @@ class Worker:
             on_lost=self._leases_lost,
         )
         reaper = Reaper(self.queue, interval=self.reap_interval, health=self._health)
+        pruner = None
+        if self.retention is not None and self.retention.rules() and self.prune_interval > 0:
+            pruner = Pruner(
+                self.queue, self.retention, interval=self.prune_interval, health=self._health
+            )
         listener = None
         if self.listen:
             listener = Listener(
@@ -197,15 +211,23 @@ class Worker:
                 poll_interval=self.poll_interval,
             )
         self._log_start()
+        if pruner is not None:
+            log.info(
+                "pruning finished jobs every %g s (one worker at a time): %s",
+                self.prune_interval,
+                self.retention.describe(),
+            )
         executor.start()
         heartbeat.start()
         reaper.start()
+        if pruner is not None:
+            pruner.start()
         if listener is not None:
             listener.start()
         try:
             return self._serve(executor)
         finally:
-            helpers = [helper for helper in (listener, reaper, heartbeat) if helper is not None]
+            helpers = [h for h in (listener, pruner, reaper, heartbeat) if h is not None]
             # Tell them all first, then wait: one stuck in a call to a dead server must
             # not hold up the others' stopping.
             for helper in helpers:
@@ -363,13 +385,16 @@ class Worker:
             return None
         self._health.succeeded()
 
-        lost = set(batch.lost)
+        # By lease, not job id: a batch may hold a stale attempt's outcome beside the one
+        # of the attempt that re-claimed the job (after a cancel and retry, or a reap).
+        lost = set(batch.lost_leases)
         self.counts["succeeded"] += len(batch.succeeded)
         self.counts["failed"] += len(batch.failed)
         for outcome in acks:
-            if outcome.attempt.job.id in lost:
+            lease = _lease(outcome.attempt.job)
+            if lease in lost:
                 self._discarded(outcome.attempt, "its lease was lost before the ack was written")
-            self._written(_lease(outcome.attempt.job))
+            self._written(lease)
 
         if jobs is None:
             return None

@@ -64,3 +64,14 @@ FROM {schema}.queue_rollups;
 SELECT coalesce(max(greatest(age(backend_xmin), age(backend_xid))), 0)::bigint AS xmin_age
 FROM pg_stat_activity
 WHERE backend_xmin IS NOT NULL OR backend_xid IS NOT NULL;
+
+-- name: checkpoint
+-- After a load: write its dirty pages now, so the first runs do not pay for them.
+CHECKPOINT;
+
+-- name: measured_jobs_pages
+-- How many heap pages the measured jobs were written to: as many as fit on a page
+-- when the table has room at its end, up to one page per job when free space left in
+-- the history's pages draws new rows in.
+SELECT count(DISTINCT (ctid::text::point)[0])::bigint AS pages, count(*) AS jobs
+FROM {schema}.jobs WHERE id > %(after_id)s;

@@ -64,7 +64,10 @@ WITH claimable AS (
 )
 UPDATE {schema}.jobs AS job
 SET state = 'running',
-    attempts = job.attempts + 1,
+    -- Saturating: a row written around pgqueue with attempts at the integer limit
+    -- still runs (and goes dead if it fails) instead of failing every claim of its
+    -- queue with "integer out of range".
+    attempts = least(job.attempts, 2147483646) + 1,
     lease_token = gen_random_uuid(),
     lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
     worker_id = %(worker_id)s,
@@ -83,7 +86,9 @@ RETURNING job.id;
 
 -- name: job_ack_many
 -- running -> succeeded, for the leases still held. Returns only what the acking worker
--- does not already know.
+-- does not already know, and the token each ack matched: one batch may carry two
+-- outcomes of the same job (a stale attempt's and the one that re-claimed it after a
+-- cancel and retry, or a reap), and only the holder of the current token was acked.
 UPDATE {schema}.jobs AS job
 SET state = 'succeeded',
     result = done.result,
@@ -92,7 +97,7 @@ SET state = 'succeeded',
     lease_expires_at = NULL
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[]) AS done (id, token, result)
 WHERE job.id = done.id AND job.lease_token = done.token AND job.state = 'running'
-RETURNING job.id, job.finished_at;
+RETURNING job.id, done.token AS lease_token, job.finished_at;
 
 -- name: job_fail
 -- running -> queued after a backoff, or -> dead once the attempts are used up.

@@ -1,0 +1,64 @@
+"""Reading jsonb columns so that a value Python cannot load breaks nothing around it.
+
+PostgreSQL stores JSON nested thousands of levels deep; Python's decoder gives up past
+its recursion limit (about a thousand levels). A payload like that, written around
+pgqueue's validation (by another client, or by hand), would make every statement that
+returns its row raise after the fact: a claim that committed but whose jobs never reached
+the worker, a reap rolled back on every try (so no expired lease in the schema would
+ever be reaped again), an API page that cannot be rendered. Read through
+:func:`cursor`, such a value comes back as :class:`UndecodableJson` instead, and the
+rest of the row, and of the result, as usual.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import JsonbBinaryLoader, JsonbLoader
+
+
+class UndecodableJson(str):
+    """The text of a jsonb value that Python could not load; ``reason`` says why.
+
+    It is a ``str``, so it can still be shown (the API renders it as a string), but a
+    worker must never hand it to a handler as the payload it expected.
+    """
+
+    reason: str
+
+    def __new__(cls, text: str, reason: str) -> UndecodableJson:
+        value = super().__new__(cls, text)
+        value.reason = reason
+        return value
+
+
+def load_json(data: bytes) -> Any:
+    """``json.loads``, except that a value nested too deeply for Python comes back as
+    :class:`UndecodableJson` instead of raising."""
+    try:
+        return json.loads(data)
+    except RecursionError:
+        return UndecodableJson(
+            data.decode("utf-8", errors="replace"),
+            "JSON nested more deeply than Python can decode",
+        )
+
+
+class _TolerantJsonbLoader(JsonbLoader):
+    _loads = load_json
+
+
+class _TolerantJsonbBinaryLoader(JsonbBinaryLoader):
+    _loads = load_json
+
+
+def cursor(conn: psycopg.Connection) -> psycopg.Cursor:
+    """A dict-row cursor on ``conn`` that reads jsonb with :func:`load_json`. The loaders
+    are the cursor's own: the connection, which may be the caller's, is left as it is."""
+    cur = conn.cursor(row_factory=dict_row)
+    cur.adapters.register_loader("jsonb", _TolerantJsonbLoader)
+    cur.adapters.register_loader("jsonb", _TolerantJsonbBinaryLoader)
+    return cur

@@ -1,0 +1,88 @@
+"""``results/faults.json``: every scenario's figures, per PostgreSQL major version.
+
+Each test process collects the figures of the scenarios it ran and merges them into the
+file when its session ends, under a lock, so the processes of ``pytest -n 2`` (and a run
+on PostgreSQL 15 beside one on 18) each add their own scenarios without losing the
+others'. A scenario that ran again replaces its earlier figures; the ones that did not
+run keep theirs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pgqueue_bench import environment, results
+from pgqueue_bench.servers import Binaries
+
+RESULTS_NAME = "faults"
+REPOSITORY_RESULTS = Path(__file__).resolve().parents[2] / "results"
+
+
+def server_version(binaries: Binaries) -> str:
+    """``PostgreSQL 18.4`` for the binaries the private clusters run."""
+    out = subprocess.run(
+        [binaries.program("postgres"), "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    # "postgres (PostgreSQL) 15.20 (Debian 15.20-0+deb12u1)" -> "PostgreSQL 15.20"
+    return "PostgreSQL " + out.split(")", 1)[1].split()[0]
+
+
+class FaultResults:
+    """The figures of the scenarios this test process ran, on ``binaries``."""
+
+    def __init__(self, binaries: Binaries) -> None:
+        self.binaries = binaries
+        self.scenarios: dict[str, dict[str, Any]] = {}
+
+    def add(self, scenario: str, test: str, figures: dict[str, Any]) -> None:
+        """Record one scenario's figures (``test`` is the pytest node id that made them)."""
+        self.scenarios[scenario] = {
+            "test": test,
+            "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            **figures,
+        }
+
+    def write(self, directory: Path | str | None = None) -> Path | None:
+        """Merge this process's figures into ``<directory>/faults.json`` (default:
+        ``PGQUEUE_RESULTS_DIR``, else the repository's ``results/``)."""
+        if not self.scenarios:
+            return None
+        folder = results.results_dir(
+            directory or os.environ.get("PGQUEUE_RESULTS_DIR") or REPOSITORY_RESULTS
+        )
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = os.open(folder, os.O_RDONLY)  # the directory itself: the lock leaves no file
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            document = results.read(RESULTS_NAME, folder) or {}
+            versions = document.get("postgresql", {})
+            entry = versions.setdefault(str(self.binaries.major), {"scenarios": {}})
+            entry["server"] = f"private clusters, {self.binaries.label}"
+            entry["version"] = server_version(self.binaries)
+            entry["scenarios"] = dict(sorted({**entry["scenarios"], **self.scenarios}.items()))
+            merged = {
+                "benchmark": RESULTS_NAME,
+                "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                "description": (
+                    "Fault-injection scenarios (tests/faults): per scenario, the acknowledged "
+                    "enqueues (jobs), those lost, jobs completed twice (duplicates), handler "
+                    "runs beyond the first (redeliveries, allowed by at-least-once), and "
+                    "seconds on the database clock from the fault's removal to the first "
+                    "finished job (recovery_seconds) and the longest gap between finished "
+                    "jobs (pause_seconds)."
+                ),
+                "environment": {
+                    "machine": environment.machine(),
+                    "packages": environment.package_versions(),
+                },
+                "postgresql": dict(sorted(versions.items())),
+            }
+            return results.write(RESULTS_NAME, json.loads(json.dumps(merged, default=str)), folder)
+        finally:
+            os.close(lock)

@@ -1,0 +1,89 @@
+"""Tasks the fault scenarios' worker processes run: ``pgqueue worker --plugin fault_tasks``.
+
+``fault_work`` leaves evidence of every invocation in a local file before it does
+anything else, so the evidence survives the database being down, crashed, full or
+failed over: one line ``job_id attempt lease_token pid`` appended to
+``invocations-<pid>.log`` in the directory named by ``PGQUEUE_FAULTS_RUN_DIR``. Then it
+works for ``payload["ms"]`` milliseconds (a number, or ``[low, high]`` for a random
+duration) and returns which attempt, under which lease, in which process, ran it: the
+stored result names the one attempt whose ack was written.
+
+Optional misbehaviour, decided per invocation: ``fail_rate`` (raise), ``stall_rate``
+with ``stall_seconds`` (overrun the lease, so the reaper takes the job back).
+
+``fault_decode`` stands for a handler with a payload contract (``{"image": <base64>}``)
+that some producer did not respect.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import random
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pgqueue import Job, hookimpl
+
+RUN_DIR_VARIABLE = "PGQUEUE_FAULTS_RUN_DIR"
+INVOCATION_LOG_PREFIX = "invocations-"
+WORK_TASK = "fault_work"
+DECODE_TASK = "fault_decode"
+
+_log_lock = threading.Lock()
+_log_fd: int | None = None
+
+
+class InjectedFailure(Exception):
+    """Raised on purpose by ``fault_work`` when its payload asks for failures."""
+
+
+def _record_invocation(job: Job) -> None:
+    """Append one line per invocation with a single ``write`` on an ``O_APPEND``
+    descriptor: nothing is buffered in the process, so a SIGKILL loses no line."""
+    global _log_fd
+    run_dir = os.environ.get(RUN_DIR_VARIABLE)
+    if not run_dir:
+        return
+    with _log_lock:
+        if _log_fd is None:
+            path = Path(run_dir) / f"{INVOCATION_LOG_PREFIX}{os.getpid()}.log"
+            _log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.write(_log_fd, f"{job.id} {job.attempts} {job.lease_token} {os.getpid()}\n".encode())
+
+
+def _work_seconds(payload: dict[str, Any]) -> float:
+    ms = payload.get("ms", 20)
+    if isinstance(ms, list):
+        low, high = ms
+        return random.uniform(low, high) / 1000
+    return float(ms) / 1000
+
+
+def work(payload: dict[str, Any], job: Job) -> dict[str, Any]:
+    """Record the invocation, misbehave if asked to, work, and say who did it."""
+    _record_invocation(job)
+    if random.random() < float(payload.get("fail_rate", 0)):
+        raise InjectedFailure(f"attempt {job.attempts} of job {job.id} failed on purpose")
+    if random.random() < float(payload.get("stall_rate", 0)):
+        time.sleep(float(payload.get("stall_seconds", 0)))
+    time.sleep(_work_seconds(payload))
+    return {"attempt": job.attempts, "token": str(job.lease_token), "pid": os.getpid()}
+
+
+def decode(payload: dict[str, Any], job: Job) -> dict[str, int]:
+    """Decode ``payload["image"]`` (base64) and return its size; anything else raises."""
+    _record_invocation(job)
+    image = payload.get("image")
+    if not isinstance(image, str):
+        raise ValueError(f"payload.image must be a base64 string, not {type(image).__name__}")
+    return {"bytes": len(base64.b64decode(image, validate=True))}
+
+
+@hookimpl
+def register_tasks(register: Callable[..., None]) -> None:
+    register(WORK_TASK, work)
+    register(DECODE_TASK, decode)

@@ -1,0 +1,137 @@
+-- Statements the fault scenarios run themselves: the audit trail they judge a run by,
+-- and the faults and hostile rows they inject. pgqueue's own statements are in
+-- packages/pgqueue-core/src/pgqueue/sql/queries.sql; the tests go through Queue for
+-- everything a producer, a worker or an operator would do.
+--
+-- Placeholders: {schema} is the quoted schema of the run. Parameters use psycopg's
+-- %(name)s style.
+
+-- name: audit_install
+-- Every change of a job's state, written by a trigger in the same transaction as the
+-- change, with the lease token the job held before it: an ack that committed is in
+-- here exactly once, whatever crashed or failed over around it. Kept in the default
+-- tablespace, so a full disk under the jobs table does not also fill the audit.
+CREATE TABLE {schema}.fault_transitions (
+    id          bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    job_id      bigint NOT NULL,
+    from_state  text,
+    to_state    text NOT NULL,
+    lease_token uuid,
+    attempts    integer,
+    run_at      timestamptz,
+    at          timestamptz NOT NULL DEFAULT clock_timestamp()
+) TABLESPACE pg_default;
+
+CREATE FUNCTION {schema}.fault_record_update() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {schema}.fault_transitions
+        (job_id, from_state, to_state, lease_token, attempts, run_at)
+    SELECT new_row.id, old_row.state::text, new_row.state::text, old_row.lease_token,
+           new_row.attempts, new_row.run_at
+    FROM audit_before AS old_row JOIN audit_after AS new_row USING (id)
+    WHERE old_row.state <> new_row.state;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER fault_audit_update
+    AFTER UPDATE ON {schema}.jobs
+    REFERENCING OLD TABLE AS audit_before NEW TABLE AS audit_after
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.fault_record_update();
+
+CREATE FUNCTION {schema}.fault_record_delete() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO {schema}.fault_transitions (job_id, from_state, to_state, attempts)
+    SELECT id, state::text, 'pruned', attempts FROM audit_deleted;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER fault_audit_delete
+    AFTER DELETE ON {schema}.jobs
+    REFERENCING OLD TABLE AS audit_deleted
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.fault_record_delete();
+
+-- name: audit_transitions
+SELECT job_id, from_state, to_state, lease_token, attempts, run_at, at
+FROM {schema}.fault_transitions
+ORDER BY id;
+
+-- name: database_now
+SELECT now() AS now;
+
+-- name: tablespace_create
+CREATE TABLESPACE {tablespace} LOCATION {location};
+
+-- name: tablespace_drop
+DROP TABLESPACE IF EXISTS {tablespace};
+
+-- name: database_create_in_tablespace
+CREATE DATABASE {database} TABLESPACE {tablespace};
+
+-- name: database_create
+CREATE DATABASE {database};
+
+-- name: database_drop
+DROP DATABASE IF EXISTS {database} WITH (FORCE);
+
+-- name: database_setting_set
+ALTER DATABASE {database} SET {name} = {value};
+
+-- name: session_without_timeouts
+-- For the sessions that inject faults: the server's own timeouts are for the queue.
+SET statement_timeout = 0;
+SET idle_in_transaction_session_timeout = 0;
+SET lock_timeout = 0;
+
+-- name: jobs_with_keys
+-- How many of these idempotency keys made it into the table.
+SELECT count(*) AS found FROM {schema}.jobs
+WHERE idempotency_key = ANY(%(keys)s::text[]);
+
+-- name: jobs_lock_table
+LOCK TABLE {schema}.jobs IN ACCESS EXCLUSIVE MODE;
+
+-- name: jobs_restart_ids
+-- The next job id: past 2^31, where a 32-bit integer anywhere in the path would break.
+ALTER TABLE {schema}.jobs ALTER COLUMN id RESTART WITH 3000000000;
+
+-- name: job_insert_raw
+-- A row written around pgqueue's validation (another client, a hand-made fix, an old
+-- version): any jsonb at all as its payload, any attempt counts.
+INSERT INTO {schema}.jobs (queue, task, payload, attempts, max_attempts)
+VALUES ('default', %(task)s, %(payload)s::jsonb, %(attempts)s, %(max_attempts)s)
+RETURNING id;
+
+-- name: job_insert_raw_expired
+-- The same, as a running job whose worker vanished: its lease expired a second ago.
+INSERT INTO {schema}.jobs
+    (queue, task, payload, state, attempts, max_attempts, lease_token, lease_expires_at,
+     worker_id, started_at)
+VALUES ('default', %(task)s, %(payload)s::jsonb, 'running', %(attempts)s, %(max_attempts)s,
+        gen_random_uuid(), now() - interval '1 second', 'vanished:1:0', now())
+RETURNING id;
+
+-- name: job_expire_lease
+-- Moves a running job's lease into the past, as if its worker had stalled that long.
+UPDATE {schema}.jobs SET lease_expires_at = now() - interval '1 second'
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'running';
+
+-- name: listening_backends
+-- The sessions LISTENing for this schema's jobs: a worker's listening connection runs
+-- that one statement and nothing else, so it is what pg_stat_activity shows.
+SELECT pid FROM pg_stat_activity
+WHERE application_name = 'pgqueue-worker-listen' AND query = %(listen)s
+ORDER BY pid;
+
+-- name: replication_sync_states
+SELECT application_name, sync_state FROM pg_stat_replication;
+
+-- name: server_in_recovery
+SELECT pg_is_in_recovery() AS in_recovery;
+
+-- name: deadlocks_reported
+-- Deadlocks the server detected in this database since its statistics were reset.
+SELECT deadlocks FROM pg_stat_database WHERE datname = current_database();

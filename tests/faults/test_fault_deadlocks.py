@@ -1,0 +1,200 @@
+"""Scenario 8: deadlock hunting.
+
+Everything that locks jobs runs at once, for ``PGQUEUE_FAULTS_DEADLOCK_SECONDS``
+(10 s by default; ``nox -s faults`` runs a minute): two workers with many slots writing
+batched acks and claiming in one transaction, heartbeating every 100 ms on connections
+of their own, failing a fifth of their attempts; each worker frozen in turn past its
+lease, so the other's reaper takes its jobs back while it holds them; a producer; an
+operator cancelling jobs (running ones too) and retrying dead and cancelled ones; the
+pruner deleting finished jobs within a second of their finishing. The server detects
+deadlocks after 100 ms instead of a second, so a lock-order cycle cannot hide.
+
+pgqueue takes its row locks in a consistent order, so PostgreSQL must report no
+deadlock at all; and nothing acknowledged may be lost or acked twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import fault_sql
+from fault_support import SCHEMA, FaultRun, prepare_schema
+
+from pgqueue import (
+    DatabaseUnavailable,
+    InvalidTransition,
+    Job,
+    JobNotFound,
+    JobState,
+    Lease,
+    LifecycleHooks,
+    Queue,
+    get_plugin_manager,
+    hookimpl,
+)
+
+SECONDS = float(os.environ.get("PGQUEUE_FAULTS_DEADLOCK_SECONDS", "10"))
+RETENTION = {"succeeded": 0.5, "cancelled": 1.0, "dead": 1.0}
+
+
+class Chaos:
+    """The operator's side of the scenario, each duty on a thread of its own."""
+
+    def __init__(self, queue: Queue, worker_pids: list[int]) -> None:
+        self.queue = queue
+        self.worker_pids = worker_pids
+        self.counts: Counter[str] = Counter()
+        self._stopped = threading.Event()
+        self._threads = [
+            threading.Thread(target=self._every, args=(0.01, self._cancel), daemon=True),
+            threading.Thread(target=self._every, args=(0.01, self._retry), daemon=True),
+            threading.Thread(target=self._every, args=(0.1, self._prune), daemon=True),
+            threading.Thread(target=self._every, args=(0.5, self._freeze), daemon=True),
+        ]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        for thread in self._threads:
+            thread.join(30)
+        for pid in self.worker_pids:  # none is left frozen
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+    def _every(self, interval: float, duty: Callable[[], None]) -> None:
+        while not self._stopped.wait(interval):
+            try:
+                duty()
+            except (DatabaseUnavailable, InvalidTransition, JobNotFound):
+                self.counts["refused"] += 1  # lost a race with a worker or the pruner
+
+    def _cancel(self) -> None:
+        recent = self.queue.list(limit=50).jobs
+        candidates = [job for job in recent if job.state in (JobState.QUEUED, JobState.RUNNING)]
+        if candidates:
+            self.queue.cancel(random.choice(candidates).id)
+            self.counts["cancelled"] += 1
+
+    def _retry(self) -> None:
+        state = random.choice(["dead", "cancelled"])
+        for job in self.queue.list(state=state, limit=5).jobs:
+            self.queue.retry(job.id)
+            self.counts["retried"] += 1
+
+    def _prune(self) -> None:
+        self.counts["pruned"] += self.queue.prune_expired(RETENTION, batch_size=50) or 0
+
+    def _freeze(self) -> None:
+        # Past the 1 s lease: the other worker's reaper takes this one's jobs back while
+        # it still holds them, and its late outcomes meet the fencing token.
+        pid = self.worker_pids[self.counts["frozen"] % len(self.worker_pids)]
+        os.kill(pid, signal.SIGSTOP)
+        self._stopped.wait(1.5)
+        os.kill(pid, signal.SIGCONT)
+        self.counts["frozen"] += 1
+
+
+def test_reaper_pruner_batched_acks_cancels_and_retries_together_never_deadlock(
+    start_server, record_figures, tmp_path: Path
+) -> None:
+    server = start_server(settings={"deadlock_timeout": "100ms"})
+    url = server.url()
+    with FaultRun.prepared(url, tmp_path) as run, Queue.connect(url, schema=SCHEMA) as operator:
+        workers = run.start_workers(
+            2,
+            concurrency=16,
+            lease_seconds=1.0,
+            heartbeat_seconds=0.1,
+            reap_interval=0.1,
+            retry_base=0.01,
+            retry_cap=0.05,
+        )
+        producer = run.produce(
+            1_000_000, batch=8, pause=0.03, max_attempts=3, ms=[0, 20], fail_rate=0.2
+        )
+        chaos = Chaos(operator, [process.pid for process in workers.processes])
+        chaos.start()
+        deadline = time.monotonic() + SECONDS
+        while time.monotonic() < deadline:
+            run.check_workers()
+            time.sleep(0.5)
+        producer.stop()
+        chaos.stop()
+
+        run.wait_until_done()
+        verdict = run.verdict(expect=(JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED))
+        time.sleep(1.0)  # the statistics collector's flush interval
+        deadlocks = fault_sql.run(url, "deadlocks_reported")[0]["deadlocks"]
+        logs = workers.logs()
+        server_log = server.log_path.read_text(errors="replace")
+
+    assert chaos.counts["cancelled"] and chaos.counts["retried"] and chaos.counts["pruned"]
+    assert chaos.counts["frozen"] >= 2
+    assert "deadlock detected" not in server_log
+    assert deadlocks == 0
+    assert "deadlock" not in logs
+    assert verdict.lost == []
+    assert verdict.unacknowledged == []
+    assert verdict.double_acks == []
+    assert verdict.contradicted_acks == []
+    record_figures(
+        "08-deadlock-hunt",
+        verdict.figures(
+            seconds=SECONDS,
+            deadlocks=deadlocks,
+            cancels=chaos.counts["cancelled"],
+            retries=chaos.counts["retried"],
+            pruned=chaos.counts["pruned"],
+            workers_frozen=chaos.counts["frozen"],
+            operator_calls_refused=chaos.counts["refused"],
+        ),
+    )
+
+
+class SuccessRecorder:
+    """A plugin recording every on_success call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, int]] = []
+
+    @hookimpl
+    def on_success(self, job: Job) -> None:
+        self.calls.append((job.id, job.attempts))
+
+
+def test_a_stale_outcome_batched_with_the_current_one_of_the_same_job_is_not_acked(
+    server_database: str,
+) -> None:
+    # What the hunt above once caught: a worker held attempt 2 of a job when an operator
+    # cancelled and retried it, and the same worker claimed it again (attempt 1 anew);
+    # both handlers finished, and one batch carried both outcomes.
+    prepare_schema(server_database)
+    recorder = SuccessRecorder()
+    pm = get_plugin_manager(load_entrypoints=False)
+    pm.register(recorder, name="success-recorder")
+    with Queue.connect(server_database, schema=SCHEMA, hooks=LifecycleHooks(pm)) as queue:
+        job_id = queue.enqueue("fault_work", {}).job.id
+        [stale] = queue.claim(["default"], ["fault_work"], 1)
+        queue.cancel(job_id)
+        queue.retry(job_id)
+        [current] = queue.claim(["default"], ["fault_work"], 1)
+
+        batch = queue.ack_many([(stale, {"by": "stale"}), (current, {"by": "current"})])
+        stored = queue.get(job_id)
+
+    assert [(job.id, job.attempts) for job in batch.succeeded] == [(job_id, 1)]
+    assert batch.lost == [job_id]
+    assert batch.lost_leases == [Lease(job_id, stale.lease_token)]
+    assert recorder.calls == [(job_id, 1)]
+    assert (stored.state, stored.result) == (JobState.SUCCEEDED, {"by": "current"})

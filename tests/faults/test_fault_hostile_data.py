@@ -1,0 +1,267 @@
+"""Scenario 9: hostile data.
+
+Job ids past 2^31; attempt counts at the integer limit, which must neither overflow the
+backoff nor wedge the claim; payloads a handler cannot decode, and one Python itself
+cannot (JSON nested deeper than its recursion limit, which PostgreSQL stores happily);
+two lives of a worker with the same id; notifications that carry the queue's name and
+never a payload. The odd rows are written around pgqueue's validation, as another
+client or a hand-made fix would write them. Each must end with a clear outcome while
+every other job in the queue runs as usual.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from pathlib import Path
+
+import fault_sql
+import psycopg
+import pytest
+from fault_support import SCHEMA, FaultRun, prepare_schema, send_via_api, serve_api, work_jobs
+
+from pgqueue import JobSpec, JobState, Lease, LeaseLost, Queue
+from pgqueue.queue import default_worker_id
+from pgqueue_api import ApiSettings
+
+INT_MAX = 2**31 - 1
+# PostgreSQL stores this; Python's json module gives up past about a thousand levels.
+TOO_DEEP = "[" * 1500 + "]" * 1500
+
+
+def _raw_job(url: str, task: str, payload: str, *, attempts: int = 0, max_attempts: int = 3):
+    rows = fault_sql.run(
+        url,
+        "job_insert_raw",
+        {"task": task, "payload": payload, "attempts": attempts, "max_attempts": max_attempts},
+        schema=SCHEMA,
+    )
+    return rows[0]["id"]
+
+
+def _wedged(logs: str) -> list[str]:
+    """Lines saying a worker's claim loop or reaper failed outright."""
+    return [
+        line for line in logs.splitlines() if "claim loop error" in line or "reaper failed" in line
+    ]
+
+
+def test_job_ids_past_2_to_the_31_run_through_workers_heartbeats_and_the_api(
+    server_database: str, record_figures, tmp_path: Path
+) -> None:
+    url = server_database
+    prepare_schema(url)
+    fault_sql.run(url, "jobs_restart_ids", schema=SCHEMA)
+    settings = ApiSettings(database_url=url, schema=SCHEMA)
+    with FaultRun(url, tmp_path) as run, serve_api(settings) as api:
+        run.start_workers(1)
+        # Jobs that outlive their lease: heartbeats extend them by id.
+        run.enqueue(work_jobs(4, "long", ms=3000))
+        run.produce(60, send=send_via_api(api), batch=10)
+        later = api.post(
+            "/jobs", json={"task": "fault_work", "payload": {}, "delay_seconds": 3600}
+        ).json()
+        cancelled = api.post(f"/jobs/{later['id']}/cancel")
+        retried = api.post(f"/jobs/{later['id']}/retry")
+        run.wait_until_done(timeout=60)
+        fetched = api.get(f"/jobs/{later['id']}").json()
+        verdict = run.verdict()
+        ids = [job_id for job_id in run.acknowledged().values()]
+
+    assert min(ids) >= 3_000_000_000
+    assert (cancelled.json()["state"], retried.json()["state"]) == ("cancelled", "queued")
+    assert fetched["state"] == "succeeded"
+    assert verdict.lost == []
+    assert verdict.double_acks == []
+    assert verdict.contradicted_acks == []
+    assert verdict.redeliveries == 0
+    assert verdict.states == {"succeeded": 65}
+    record_figures("09-ids-past-2-31", verdict.figures(smallest_id=min(ids)))
+
+
+def test_attempt_counts_at_the_integer_limit_back_off_capped_and_wedge_nothing(
+    server_database: str, record_figures, tmp_path: Path
+) -> None:
+    url = server_database
+    prepare_schema(url)
+    # Two attempts left, each failing: the backoff after attempt 2^31-2 must be capped.
+    failing = _raw_job(
+        url, "fault_work", json.dumps({"fail_rate": 1}), attempts=INT_MAX - 2, max_attempts=INT_MAX
+    )
+    # A worker vanished holding attempt 2^31-3: the reaper's backoff must be capped too,
+    # and the two attempts left fail.
+    reaped = fault_sql.run(
+        url,
+        "job_insert_raw_expired",
+        {
+            "task": "fault_work",
+            "payload": json.dumps({"fail_rate": 1}),
+            "attempts": INT_MAX - 2,
+            "max_attempts": INT_MAX,
+        },
+        schema=SCHEMA,
+    )[0]["id"]
+    # No attempt left to count: before the claim saturated, this row made every claim of
+    # its queue fail with "integer out of range".
+    saturated = _raw_job(url, "fault_work", json.dumps({}), attempts=INT_MAX, max_attempts=INT_MAX)
+    with FaultRun(url, tmp_path) as run:
+        workers = run.start_workers(1, retry_cap=0.5)
+        run.produce(40)
+        run.wait_until_done(timeout=60)
+        jobs = {job_id: run.queue.get(job_id) for job_id in (failing, reaped, saturated)}
+        transitions = fault_sql.run(url, "audit_transitions", schema=SCHEMA)
+        logs = workers.logs()
+        verdict = run.verdict(expect=(JobState.SUCCEEDED,))
+
+    assert (jobs[failing].state, jobs[failing].attempts) == (JobState.DEAD, INT_MAX)
+    assert "failed on purpose" in jobs[failing].last_error
+    assert (jobs[reaped].state, jobs[reaped].attempts) == (JobState.DEAD, INT_MAX)
+    assert (jobs[saturated].state, jobs[saturated].attempts) == (JobState.SUCCEEDED, INT_MAX)
+    retries = [
+        row
+        for row in transitions
+        if row["job_id"] in (failing, reaped) and row["to_state"] == "queued"
+    ]
+    # Retries after attempts 2^31-3 (by the reaper) and 2^31-2 (by the worker), each
+    # delayed by at most the 0.5 s cap, measured on the database clock.
+    assert sorted(row["job_id"] for row in retries) == sorted([failing, reaped, reaped])
+    assert any(row["job_id"] == reaped and row["attempts"] == INT_MAX - 2 for row in retries)
+    assert all((row["run_at"] - row["at"]).total_seconds() <= 0.5 for row in retries)
+    assert _wedged(logs) == []
+    assert verdict.lost == []
+    assert verdict.states == {"succeeded": 41, "dead": 2}
+    record_figures(
+        "09-attempts-at-integer-limit",
+        verdict.figures(
+            longest_retry_delay_seconds=max(
+                round((row["run_at"] - row["at"]).total_seconds(), 3) for row in retries
+            )
+        ),
+    )
+
+
+def test_payloads_nobody_can_decode_end_dead_with_clear_errors_and_harm_no_other_job(
+    server_database: str, record_figures, tmp_path: Path
+) -> None:
+    url = server_database
+    prepare_schema(url)
+    hostile = {
+        "not base64": (json.dumps({"image": "%%% not base64 %%%"}), "Error"),
+        "wrong type": (json.dumps({"image": 42}), "payload.image must be a base64 string"),
+        "not an object": (json.dumps([1, 2, 3]), "AttributeError"),
+        "too deep": (
+            json.dumps({"image": "x", "extra": None})[:-1] + f', "deep": {TOO_DEEP}}}',
+            "",
+        ),
+    }
+    ids = {name: _raw_job(url, "fault_decode", payload) for name, (payload, _) in hostile.items()}
+    # A job with a payload Python cannot load whose worker vanished: the reaper must put
+    # it back rather than fail on it forever (and reap nothing else in the meantime).
+    vanished = fault_sql.run(
+        url,
+        "job_insert_raw_expired",
+        {"task": "fault_decode", "payload": TOO_DEEP, "attempts": 1, "max_attempts": 3},
+        schema=SCHEMA,
+    )[0]["id"]
+    image = base64.b64encode(b"\x89PNG fake image").decode()
+    settings = ApiSettings(database_url=url, schema=SCHEMA)
+    with FaultRun(url, tmp_path) as run, serve_api(settings) as api:
+        decodable = run.enqueue(
+            [
+                JobSpec("fault_decode", {"image": image}, idempotency_key=f"image-{n}")
+                for n in range(10)
+            ]
+        )
+        workers = run.start_workers(2)
+        run.produce(60)
+        run.wait_until_done(timeout=60)
+        jobs = {name: run.queue.get(job_id) for name, job_id in ids.items()}
+        reaped = run.queue.get(vanished)
+        shown = api.get(f"/jobs/{ids['too deep']}")
+        listed = api.get("/jobs", params={"state": "dead"})
+        logs = workers.logs()
+        verdict = run.verdict()
+        decoded = [run.queue.get(job_id).result for job_id in decodable]
+
+    for name, (_, error) in hostile.items():
+        assert jobs[name].state is JobState.DEAD, (name, jobs[name])
+        assert jobs[name].attempts == 3
+        assert error in jobs[name].last_error, (name, jobs[name].last_error)
+    assert jobs["too deep"].last_error == (
+        "payload could not be decoded: JSON nested more deeply than Python can decode"
+    )
+    assert (reaped.state, reaped.attempts) == (JobState.DEAD, 3)
+    assert reaped.last_error.startswith("payload could not be decoded")
+    assert shown.status_code == 200 and isinstance(shown.json()["payload"], str)
+    assert listed.status_code == 200 and len(listed.json()["jobs"]) == 5
+    assert decoded == [{"bytes": 15}] * 10
+    assert _wedged(logs) == []
+    assert verdict.lost == []
+    assert verdict.unacknowledged == sorted([*ids.values(), vanished])
+    assert verdict.states == {"succeeded": 70, "dead": 5}
+    record_figures(
+        "09-undecodable-payloads",
+        verdict.figures(jobs=verdict.jobs + len(hostile) + 1, hostile_jobs_dead=len(hostile) + 1),
+    )
+
+
+def test_two_lives_of_a_worker_with_the_same_id_are_kept_apart_by_their_lease_tokens(
+    server_database: str,
+) -> None:
+    url = server_database
+    prepare_schema(url)
+    # In a container every worker may be pid 1 on the same host name.
+    same_id = "worker-7f9c:1:0"
+    with Queue.connect(url, schema=SCHEMA) as queue:
+        queue.enqueue_many(work_jobs(1, "life"))
+        [first] = queue.claim(["default"], ["fault_work"], 1, lease_seconds=60, worker_id=same_id)
+        fault_sql.run(url, "job_expire_lease", {"ids": [first.id]}, schema=SCHEMA)
+        assert [job.id for job in queue.reap()] == [first.id]
+        queue.pool.check()
+        wait_runnable(queue)
+        [second] = queue.claim(["default"], ["fault_work"], 1, lease_seconds=60, worker_id=same_id)
+
+        assert (second.id, second.worker_id) == (first.id, first.worker_id)
+        assert second.lease_token != first.lease_token
+        assert queue.heartbeat([Lease(first.id, first.lease_token)]) == {first.id}
+        with pytest.raises(LeaseLost):
+            queue.ack(first, {"life": 1})
+        with pytest.raises(LeaseLost):
+            queue.fail(first, "the first life's failure")
+        done = queue.ack(second, {"life": 2})
+
+    assert (done.state, done.attempts, done.result) == (JobState.SUCCEEDED, 2, {"life": 2})
+    # Left to itself, pgqueue never hands out the same id twice: host:pid plus a nonce.
+    assert len({default_worker_id() for _ in range(100)}) == 100
+
+
+def wait_runnable(queue: Queue) -> None:
+    """Wait out the reaped job's retry backoff (one second at most by default)."""
+    deadline = time.monotonic() + 30
+    while (queue.next_run_in(["default"], ["fault_work"]) or 0) > 0:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_notification_carries_the_queue_name_and_never_the_payload(
+    server_database: str,
+) -> None:
+    url = server_database
+    prepare_schema(url)
+    secret = "s3cret:" + "x" * 900_000  # near the 1 MiB payload limit; NOTIFY takes 8000 bytes
+    with (
+        psycopg.connect(url, autocommit=True) as listener,
+        Queue.connect(url, schema=SCHEMA) as queue,
+    ):
+        queue.listen(listener)
+        queue.enqueue("fault_work", {"blob": secret})
+        queue.enqueue_many(work_jobs(500, "bulk"))
+        queue.enqueue("fault_work", {"blob": secret}, queue="other")
+        notes = []
+        deadline = time.monotonic() + 30
+        while len(notes) < 3 and time.monotonic() < deadline:
+            notes.extend(listener.notifies(timeout=1, stop_after=3 - len(notes)))
+
+    assert [note.payload for note in notes] == ["default", "default", "other"]
+    assert {note.channel for note in notes} == {f"{SCHEMA}_jobs"}

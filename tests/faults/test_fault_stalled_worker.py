@@ -1,0 +1,165 @@
+"""Scenario 7: a worker stalled past its lease, and a reaper racing a late ack.
+
+A worker process is frozen with SIGSTOP while it holds jobs, past their lease; another
+worker's reaper takes the jobs back and runs them; then the frozen worker is continued
+and tries to write what its handlers did. The fencing token decides: its outcomes are
+discarded and exactly one outcome per job is written.
+
+The race itself, many times over: leases that have just expired are acked by two
+"late" workers while a reaper reaps them, all at once. For each job exactly one side
+wins, and the loser is told so.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import fault_sql
+from fault_support import SCHEMA, FaultRun, prepare_schema, wait_for, work_jobs
+
+from pgqueue import JobState, LeaseLost, Queue
+
+
+def _running_under(run: FaultRun, pid: int) -> list[int]:
+    """Ids of the running jobs claimed by the worker process ``pid`` (worker ids are
+    host:pid:nonce)."""
+    running = run.queue.list(state="running", limit=1000).jobs
+    return [job.id for job in running if (job.worker_id or "").split(":")[-2:-1] == [str(pid)]]
+
+
+def test_a_worker_stalled_past_its_lease_cannot_overwrite_the_rescuers_outcome(
+    start_server, record_figures, tmp_path: Path
+) -> None:
+    server = start_server()
+    with FaultRun.prepared(server.url(), tmp_path) as run:
+        stalled = run.start_workers(1, name="stalled", lease_seconds=1.5, heartbeat_seconds=0.3)
+        rescuer = run.start_workers(1, name="rescuer", lease_seconds=1.5, heartbeat_seconds=0.3)
+        run.produce(150, ms=[50, 150])
+        pid = stalled.processes[0].pid
+
+        def freeze_holding_jobs() -> list[int]:
+            os.kill(pid, signal.SIGSTOP)
+            held = _running_under(run, pid)
+            if not held:
+                os.kill(pid, signal.SIGCONT)  # caught between jobs: try again
+            return held
+
+        held = wait_for(freeze_holding_jobs, what="the worker to be frozen holding jobs")
+        stopped_at = run.now()
+        wait_for(
+            lambda: all(run.queue.get(job_id).state is JobState.SUCCEEDED for job_id in held),
+            what="the rescuer to run the frozen worker's jobs",
+        )
+        os.kill(pid, signal.SIGCONT)
+        continued_at = run.now()
+        wait_for(lambda: "outcome discarded" in stalled.logs(), what="the late outcomes")
+
+        run.wait_until_done()
+        verdict = run.verdict()
+        rescued = [run.queue.get(job_id) for job_id in held]
+        discarded = stalled.logs().count("outcome discarded")
+
+    rescuer_pid = rescuer.processes[0].pid
+    for job in rescued:
+        assert job.attempts >= 2, job
+        assert job.result["pid"] == rescuer_pid, job
+        assert job.last_error.startswith("lease expired"), job
+    assert verdict.lost == []
+    assert verdict.double_acks == []
+    assert verdict.contradicted_acks == []
+    assert verdict.states == {"succeeded": 150}
+    record_figures(
+        "07-stalled-worker",
+        verdict.figures(
+            jobs_held_while_frozen=len(held),
+            frozen_seconds=round((continued_at - stopped_at).total_seconds(), 3),
+            late_outcomes_discarded=discarded,
+        ),
+    )
+
+
+RACE_JOBS = 40
+
+
+def _race_once(queue: Queue, url: str) -> tuple[set[int], set[int], set[int]]:
+    """Claim RACE_JOBS jobs, expire their leases, then ack them from two threads while a
+    third reaps. Returns the ids each side won, and the ids whose ack was refused."""
+    specs = work_jobs(RACE_JOBS, f"race-{os.urandom(4).hex()}")
+    ids = [result.job.id for result in queue.enqueue_many(specs)]
+    jobs = queue.claim(["default"], ["fault_work"], RACE_JOBS, lease_seconds=60)
+    assert sorted(job.id for job in jobs) == sorted(ids)
+    fault_sql.run(url, "job_expire_lease", {"ids": ids}, schema=SCHEMA)
+
+    acked: set[int] = set()
+    refused: set[int] = set()
+    reaped: set[int] = set()
+    start = threading.Barrier(3)
+
+    def ack(share: list) -> None:
+        start.wait()
+        for job in share:
+            try:
+                queue.ack(job, {"by": "late worker"})
+                acked.add(job.id)
+            except LeaseLost:
+                refused.add(job.id)
+
+    def reap() -> None:
+        start.wait()
+        while True:
+            batch = queue.reap(limit=3)
+            if batch is None:
+                continue  # the other reaper call of this round still holds the lock
+            if not batch:
+                return
+            reaped.update(job.id for job in batch)
+
+    threads = [
+        threading.Thread(target=ack, args=(jobs[0::2],)),
+        threading.Thread(target=ack, args=(jobs[1::2][::-1],)),
+        threading.Thread(target=reap),
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    return acked, reaped, refused
+
+
+def test_a_reaper_and_late_acks_racing_for_the_same_leases_write_one_outcome_each(
+    start_server, record_figures
+) -> None:
+    server = start_server()
+    url = server.url()
+    prepare_schema(url)
+    acks_won = reaper_won = rounds = 0
+    with Queue.connect(url, schema=SCHEMA, max_size=4) as queue:
+        # Round after round until each side has won some of the races.
+        while rounds < 3 or (rounds < 50 and not (acks_won and reaper_won)):
+            acked, reaped, refused = _race_once(queue, url)
+            rounds += 1
+            assert not acked & reaped, "a job both acked and reaped"
+            assert refused == reaped, "every ack that lost was refused, and only those"
+            assert len(acked) + len(reaped) == RACE_JOBS
+            acks_won += len(acked)
+            reaper_won += len(reaped)
+        transitions = fault_sql.run(url, "audit_transitions", schema=SCHEMA)
+
+    assert acks_won and reaper_won, (acks_won, reaper_won)
+    # One transition out of running per claimed job, whichever side made it.
+    out_of_running = [row["job_id"] for row in transitions if row["from_state"] == "running"]
+    assert len(out_of_running) == len(set(out_of_running)) == rounds * RACE_JOBS
+    record_figures(
+        "07-reaper-ack-race",
+        {
+            "jobs": rounds * RACE_JOBS,
+            "lost": 0,
+            "duplicates": len(out_of_running) - len(set(out_of_running)),
+            "rounds": rounds,
+            "acks_won": acks_won,
+            "reaper_won": reaper_won,
+        },
+    )

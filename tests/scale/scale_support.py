@@ -1,0 +1,86 @@
+"""Helpers for the scale tests: finished history written straight into a schema, the
+jobs of each state, and polling."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgqueue import Job, JobState, Queue
+
+# Finished jobs as a busy month leaves them, written in one INSERT ... SELECT (the
+# history is setup here, not what is under test). Job n finished ``age`` ago.
+HISTORY_INSERT = """
+INSERT INTO {schema}.jobs (queue, task, payload, state, run_at, attempts, enqueued_at,
+                           started_at, finished_at, result)
+SELECT %(queue)s, 't', jsonb_build_object('n', n), %(state)s::{schema}.job_state,
+       now() - %(age)s::interval, 1, now() - %(age)s::interval, now() - %(age)s::interval,
+       now() - %(age)s::interval, '{{"ok": true}}'
+FROM generate_series(1, %(count)s) AS n
+"""
+
+
+def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
+    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` s
+    (a bound on a hung test, not a measurement)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
+        time.sleep(0.05)
+
+
+def add_history(
+    db: psycopg.Connection,
+    schema: str,
+    count: int,
+    *,
+    state: str = "succeeded",
+    age: str = "10 days",
+    queue: str = "default",
+) -> None:
+    """Insert ``count`` jobs that finished in ``state`` ``age`` ago."""
+    db.execute(
+        sql.SQL(HISTORY_INSERT).format(schema=sql.Identifier(schema)),
+        {"queue": queue, "state": state, "age": age, "count": count},
+    )
+
+
+def backdate(db: psycopg.Connection, schema: str, job_ids: list[int], age: str) -> None:
+    """Make ``job_ids`` look as if they finished ``age`` ago."""
+    db.execute(
+        sql.SQL("UPDATE {}.jobs SET finished_at = now() - %s::interval WHERE id = ANY(%s)").format(
+            sql.Identifier(schema)
+        ),
+        (age, job_ids),
+    )
+
+
+def job_in_state(queue: Queue, state: JobState) -> Job:
+    """A new job of task ``t`` in a queue of its own, moved to ``state``."""
+    name = f"q_{uuid.uuid4().hex[:8]}"
+    job = queue.enqueue("t", queue=name, max_attempts=1).job
+    if state is JobState.QUEUED:
+        return job
+    (claimed,) = queue.claim([name], ["t"], limit=1)
+    assert claimed.id == job.id
+    if state is JobState.RUNNING:
+        return claimed
+    if state is JobState.SUCCEEDED:
+        return queue.ack(claimed)
+    if state is JobState.DEAD:
+        return queue.fail(claimed, "boom")
+    return queue.cancel(claimed.id)
+
+
+def remaining_ids(queue: Queue) -> set[int]:
+    """Ids of every job left in the schema."""
+    return {job.id for job in queue.list(limit=1000).jobs}

@@ -1,0 +1,143 @@
+"""Storage: the hot path reads the same few pages however much history the table holds,
+heartbeats are HOT updates, and the table carries storage parameters for churn.
+
+Cost is counted in buffers (pages the statement touched, from EXPLAIN (ANALYZE,
+BUFFERS)), which depend on the data and the plan, not on how busy the machine is.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgqueue import JobSpec, Queue, queries
+
+HISTORY_ROWS = 30_000
+# A B-tree may grow a level when the history arrives (the primary key does), so a
+# statement may touch a page or two more per row it writes; never hundreds more.
+SLACK_PER_ROW = 3
+SLACK = 10
+
+
+def _params(name: str) -> dict[str, Any]:
+    common = {"queues": ["default"], "tasks": ["t"]}
+    return {
+        "job_claim": {**common, "limit": 10, "lease_seconds": 30, "worker_id": "w"},
+        "job_reap": {"limit": 1000, "base": 1.0, "cap": 60.0},
+        "job_next_run_delay": common,
+        "queue_stats": {},
+        "queue_metrics_snapshot": {},
+    }[name]
+
+
+def _buffers(db: psycopg.Connection, schema: str, name: str) -> tuple[int, dict[str, Any]]:
+    """Pages the statement called ``name`` touches (shared hits + reads), run for real
+    inside a transaction that is rolled back, and its plan."""
+    explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + queries.bind(name, schema)
+    with db.transaction(force_rollback=True):
+        (plan,) = db.execute(explain, _params(name)).fetchone()[0]
+    top = plan["Plan"]
+    return top["Shared Hit Blocks"] + top["Shared Read Blocks"], top
+
+
+def _vacuum(db: psycopg.Connection, schema: str) -> None:
+    db.execute(sql.SQL("VACUUM (ANALYZE) {}.jobs").format(sql.Identifier(schema)))
+
+
+def _index_names(plan: dict[str, Any]) -> set[str]:
+    names = {plan["Index Name"]} if "Index Name" in plan else set()
+    for child in plan.get("Plans", []):
+        names |= _index_names(child)
+    return names
+
+
+@pytest.fixture
+def hot_set(queue: Queue) -> None:
+    """A realistic hot set: a backlog of queued jobs and a few running ones."""
+    queue.enqueue_many(JobSpec("t", {"n": n}) for n in range(200))
+    queue.claim(["default"], ["t"], limit=5, lease_seconds=0.001)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["job_claim", "job_reap", "job_next_run_delay", "queue_stats", "queue_metrics_snapshot"],
+)
+def test_hot_path_statements_read_as_few_pages_with_history_as_without(
+    name, queue, db, schema, hot_set, history
+):
+    _vacuum(db, schema)
+    without, _ = _buffers(db, schema, name)
+    history(HISTORY_ROWS)
+    history(HISTORY_ROWS // 20, state="dead")
+    _vacuum(db, schema)
+    with_history, plan = _buffers(db, schema, name)
+
+    written = plan.get("Actual Rows", 0) if name.startswith("job_") else 0
+    assert with_history <= without + SLACK + SLACK_PER_ROW * written, (
+        f"{name} touched {with_history} pages with {HISTORY_ROWS} finished jobs in the "
+        f"table, {without} without"
+    )
+
+
+def test_claims_use_the_partial_claim_index(queue, db, schema, hot_set, history):
+    history(HISTORY_ROWS)
+    _vacuum(db, schema)
+    _, plan = _buffers(db, schema, "job_claim")
+    assert "jobs_claim_idx" in _index_names(plan)
+
+
+def test_heartbeats_are_hot_updates(queue, db, schema):
+    """A heartbeat changes only lease_expires_at, which no index covers, and the pages
+    keep room (fillfactor) for the new row version: PostgreSQL updates the row in place
+    on its page without touching any index (a heap-only tuple)."""
+    queue.enqueue_many(JobSpec("t") for _ in range(50))
+    claimed = queue.claim(["default"], ["t"], limit=50)
+    heartbeat = queries.bind("job_heartbeat_many", schema)
+    jobs = sql.SQL("{}.jobs").format(sql.Identifier(schema)).as_string(db)
+    with db.transaction(force_rollback=True):
+        renewed = db.execute(
+            heartbeat,
+            {
+                "ids": [job.id for job in claimed],
+                "tokens": [job.lease_token for job in claimed],
+                "lease_seconds": 30,
+            },
+        ).rowcount
+        updated, hot = db.execute(
+            "SELECT pg_stat_get_xact_tuples_updated(%s::regclass),"
+            " pg_stat_get_xact_tuples_hot_updated(%s::regclass)",
+            (jobs, jobs),
+        ).fetchone()
+    assert renewed == updated == 50
+    assert hot == 50
+
+
+def test_the_jobs_table_is_stored_for_churn(db, schema):
+    options = db.execute(
+        "SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
+        (f"{schema}.jobs",),
+    ).fetchone()[0]
+    settings = dict(option.split("=", 1) for option in options)
+    assert int(settings["fillfactor"]) < 100  # room on each page for HOT heartbeats
+    assert float(settings["autovacuum_vacuum_scale_factor"]) < 0.2  # the default
+    assert float(settings["autovacuum_vacuum_cost_delay"]) < 2  # the default
+
+
+def test_finished_jobs_are_not_in_the_claim_or_running_index(db, schema, queue, history):
+    history(1000)
+    name = f"q_{uuid.uuid4().hex[:6]}"
+    queue.enqueue(name, queue=name)
+    _vacuum(db, schema)
+    counts = dict(
+        db.execute(
+            "SELECT c.relname, c.reltuples FROM pg_class AS c"
+            " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname IN ('jobs_claim_idx', 'jobs_running_idx')",
+            (schema,),
+        ).fetchall()
+    )
+    assert counts == {"jobs_claim_idx": 1, "jobs_running_idx": 0}
