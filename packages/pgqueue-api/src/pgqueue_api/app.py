@@ -53,6 +53,7 @@ def create_app(settings: ApiSettings, *, queue: Queue | None = None) -> FastAPI:
                 min_size=1,
                 max_size=settings.pool_size,
                 pool_timeout=settings.pool_timeout,
+                prepare=settings.prepare,
             )
             _attach(app, owned)
         if not settings.auth_required:

@@ -66,6 +66,12 @@ APP_FACTORY = "pgqueue_api.app:create_app_from_env"
     help="Database connections per worker process, at most.",
 )
 @click.option(
+    "--no-prepare",
+    is_flag=True,
+    envvar="PGQUEUE_NO_PREPARE",
+    help="No server-side prepared statements (PgBouncer in transaction mode).",
+)
+@click.option(
     "--migrate",
     "run_migrations",
     is_flag=True,
@@ -88,6 +94,7 @@ def api(
     public_metrics: bool,
     max_body_bytes: int,
     pool_size: int,
+    no_prepare: bool,
     run_migrations: bool,
     access_log: bool,
     log_level: str,
@@ -118,6 +125,7 @@ def api(
             api_settings.ENV_PUBLIC_METRICS: "1" if public_metrics else "0",
             api_settings.ENV_MAX_BODY_BYTES: str(max_body_bytes),
             api_settings.ENV_POOL_SIZE: str(pool_size),
+            api_settings.ENV_PREPARE: "0" if no_prepare else "1",
         }
     )
     if token_file is not None:

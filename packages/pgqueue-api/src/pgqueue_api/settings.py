@@ -28,6 +28,7 @@ ENV_TOKEN_FILE = "PGQUEUE_API_TOKEN_FILE"
 ENV_PUBLIC_METRICS = "PGQUEUE_API_PUBLIC_METRICS"
 ENV_MAX_BODY_BYTES = "PGQUEUE_API_MAX_BODY_BYTES"
 ENV_POOL_SIZE = "PGQUEUE_API_POOL_SIZE"
+ENV_PREPARE = "PGQUEUE_API_PREPARE"
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -49,6 +50,8 @@ class ApiSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     pool_size: int = DEFAULT_POOL_SIZE
     pool_timeout: float = DEFAULT_POOL_TIMEOUT
+    prepare: bool = True
+    """Server-side prepared statements; off behind PgBouncer in transaction mode."""
     """How long a request waits for a free database connection before it gets 503."""
     health_timeout: float = DEFAULT_HEALTH_TIMEOUT
     """How long ``/healthz`` waits for the database before it answers 503."""
@@ -83,6 +86,7 @@ class ApiSettings:
             public_metrics=env.get(ENV_PUBLIC_METRICS, "").lower() in _TRUE,
             max_body_bytes=_int(env, ENV_MAX_BODY_BYTES, DEFAULT_MAX_BODY_BYTES),
             pool_size=_int(env, ENV_POOL_SIZE, DEFAULT_POOL_SIZE),
+            prepare=env.get(ENV_PREPARE, "1").lower() in _TRUE,
         )
 
 
