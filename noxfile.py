@@ -41,11 +41,7 @@ def unit(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The whole suite on real PostgreSQL: DATABASE_URL if set, else embedded PostgreSQL 18."""
     install_repo(session)
-    # The failover scenarios (a standby, a primary turned read-only) timed out once on a
-    # heavily loaded machine; until that is understood they run in `nox -s faults` only.
-    session.run(
-        "pytest", "-n", "auto", "--ignore=tests/faults/test_fault_failover.py", *session.posargs
-    )
+    session.run("pytest", "-n", "auto", *session.posargs)
 
 
 @nox.session(python=PYTHON, default=False)

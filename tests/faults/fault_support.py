@@ -38,7 +38,7 @@ import httpx
 import uvicorn
 from fault_tasks import INVOCATION_LOG_PREFIX, RUN_DIR_VARIABLE, WORK_TASK
 
-from pgqueue import DatabaseUnavailable, Job, JobSpec, JobState, Queue, migrate
+from pgqueue import DatabaseUnavailable, JobSpec, JobState, Queue, migrate
 from pgqueue_api import ApiSettings, create_app
 from pgqueue_bench import observe
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
@@ -128,6 +128,28 @@ class FaultWorkers(WorkerFleet):
             "PYTHONPATH": python_path,
             RUN_DIR_VARIABLE: str(self.run_dir),
         }
+
+    def wait_serving(self, timeout: float = 120.0) -> None:
+        """Wait until every worker has said it serves its queue (on a loaded machine a
+        worker takes seconds to start; a fault injected before would hit nothing)."""
+
+        def serving() -> bool:
+            assert not self.unexpected_exits(), f"a worker exited:\n{self.log_tail()}"
+            logs = sorted(self.log_dir.glob("worker-*.log"))
+            return len(logs) == len(self.processes) and all(
+                " serving queue" in path.read_text(errors="replace") for path in logs
+            )
+
+        wait_for(serving, timeout, what="the workers to serve")
+
+    def discarded_outcomes(self) -> set[int]:
+        """Ids of the jobs whose outcome these workers discarded (their lease was lost)."""
+        found = set()
+        for path in self.log_dir.glob("worker-*.log"):
+            for line in _complete_lines(path):
+                if line.startswith("{") and "outcome discarded" in line:
+                    found.add(json.loads(line)["job_id"])
+        return found
 
     def logs(self) -> str:
         """Every line the workers logged so far."""
@@ -324,6 +346,7 @@ class Verdict:
     redeliveries: int = 0
     """Handler runs beyond the first of each job: at-least-once allows them."""
     failed_attempts: int = 0
+    """Attempts that ended back in queued or dead: failed by a worker, or reaped."""
     finished_at: list[datetime] = field(default_factory=list)
 
     @property
@@ -404,7 +427,7 @@ class FaultRun:
         **settings: Any,
     ) -> FaultWorkers:
         """Start ``count`` worker processes on ``url`` (default: the run's own), their
-        command lines after ``prefix``."""
+        command lines after ``prefix``; return once they serve."""
         log_dir = self.run_dir / (name or f"workers-{len(self.fleets) + 1}")
         fleet = FaultWorkers(
             url or self.url,
@@ -416,6 +439,7 @@ class FaultRun:
         )
         self.fleets.append(fleet)
         fleet.start(count)
+        fleet.wait_serving()
         return fleet
 
     def produce(
@@ -460,6 +484,27 @@ class FaultRun:
 
     def now(self) -> datetime:
         return database_now(self.url)
+
+    def handled_by(self, pid: int) -> set[int]:
+        """Ids of the jobs whose handler ran in worker process ``pid``."""
+        return {job_id for job_id, _, _, ran_in in invocations(self.run_dir) if ran_in == pid}
+
+    def claimed_by(self, pid: int, state: str = "running") -> list[int]:
+        """Ids of the jobs in ``state`` last claimed by worker process ``pid`` (a worker
+        id is host:pid:nonce)."""
+        jobs = self.queue.list(state=state, limit=1000).jobs
+        return [job.id for job in jobs if (job.worker_id or "").split(":")[-2:-1] == [str(pid)]]
+
+    def held_by_cut_off(self, pid: int) -> list[int]:
+        """The jobs still running under worker ``pid`` once it was cut off: statements it
+        sent just before may still commit, so read until two reads agree."""
+        previous = None
+        while True:
+            held = self.claimed_by(pid)
+            if held == previous:
+                return held
+            previous = held
+            time.sleep(0.1)
 
     def counts(self) -> dict[str, int] | None:
         """Jobs per state, or None while the database cannot answer."""
@@ -557,7 +602,11 @@ class FaultRun:
             acks_logged=len(logged),
             handler_runs=len(runs),
             redeliveries=len(runs) - len({job_id for job_id, *_ in runs}),
-            failed_attempts=sum(_failed_attempts(job) for job in jobs.values()),
+            failed_attempts=sum(
+                1
+                for row in transitions
+                if row["from_state"] == "running" and row["to_state"] in ("queued", "dead")
+            ),
             finished_at=[job.finished_at for job in jobs.values() if job.finished_at is not None],
         )
 
@@ -565,15 +614,19 @@ class FaultRun:
         return "\n".join(fleet.logs() for fleet in self.fleets)
 
 
-def _failed_attempts(job: Job) -> int:
-    return job.attempts - (1 if job.state is JobState.SUCCEEDED else 0)
+def _complete_lines(path: Path) -> list[str]:
+    """The lines of a file another process may be appending to right now: a last line
+    without its newline is still being written, and is left for later."""
+    text = path.read_text(errors="replace")
+    lines = text.split("\n")
+    return lines[:-1]  # after the last newline: empty, or a line being written
 
 
 def invocations(run_dir: Path) -> list[tuple[int, int, str, int]]:
     """(job id, attempt, lease token, pid) of every handler invocation in the run."""
     found = []
     for path in run_dir.glob(f"{INVOCATION_LOG_PREFIX}*.log"):
-        for line in path.read_text().splitlines():
+        for line in _complete_lines(path):
             job_id, attempt, token, pid = line.split()
             found.append((int(job_id), int(attempt), token, int(pid)))
     return found
@@ -584,9 +637,9 @@ def worker_acks(run_dir: Path) -> list[tuple[int, int]]:
     line of core's lifecycle log, written after the ack's commit)."""
     found = []
     for path in run_dir.glob("*/worker-*.log"):
-        for line in path.read_text(errors="replace").splitlines():
+        for line in _complete_lines(path):
             if not line.startswith("{"):
-                continue
+                continue  # not the worker's own JSON: a warning printed by a library
             record = json.loads(line)
             if record.get("logger") == "pgqueue.jobs" and record.get("state") == "succeeded":
                 found.append((record["job_id"], record["attempt"]))

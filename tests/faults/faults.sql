@@ -94,6 +94,17 @@ WHERE idempotency_key = ANY(%(keys)s::text[]);
 -- name: jobs_lock_table
 LOCK TABLE {schema}.jobs IN ACCESS EXCLUSIVE MODE;
 
+-- name: jobs_lock_rows
+-- Holds these jobs' rows until the session's transaction ends.
+SELECT id FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE;
+
+-- name: jobs_analyze
+ANALYZE {schema}.jobs;
+
+-- name: sessions_waiting_on_locks
+SELECT count(*) AS waiting FROM pg_stat_activity
+WHERE datname = current_database() AND wait_event_type = 'Lock';
+
 -- name: jobs_restart_ids
 -- The next job id: past 2^31, where a 32-bit integer anywhere in the path would break.
 ALTER TABLE {schema}.jobs ALTER COLUMN id RESTART WITH 3000000000;

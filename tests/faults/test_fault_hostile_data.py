@@ -62,6 +62,7 @@ def test_job_ids_past_2_to_the_31_run_through_workers_heartbeats_and_the_api(
         later = api.post(
             "/jobs", json={"task": "fault_work", "payload": {}, "delay_seconds": 3600}
         ).json()
+        run.acknowledge({"later": later["id"]})
         cancelled = api.post(f"/jobs/{later['id']}/cancel")
         retried = api.post(f"/jobs/{later['id']}/retry")
         run.wait_until_done(timeout=60)
@@ -73,6 +74,7 @@ def test_job_ids_past_2_to_the_31_run_through_workers_heartbeats_and_the_api(
     assert (cancelled.json()["state"], retried.json()["state"]) == ("cancelled", "queued")
     assert fetched["state"] == "succeeded"
     assert verdict.lost == []
+    assert verdict.unacknowledged == []
     assert verdict.double_acks == []
     assert verdict.contradicted_acks == []
     assert verdict.redeliveries == 0

@@ -432,7 +432,8 @@ class Queue:
         self, leases: Iterable[Lease], lease_seconds: float = DEFAULT_LEASE_SECONDS
     ) -> set[int]:
         """Extend every lease in one statement; return the ids whose lease was lost."""
-        leases = list(leases)
+        # In id order, as acks take them: see job_heartbeat_many.
+        leases = sorted(leases, key=lambda lease: lease.job_id)
         if not leases:
             return set()
         rows = self._rows(
@@ -861,10 +862,12 @@ def _split_storable(
 
 
 def _ack_params(storable: list[_Storable]) -> dict[str, Any]:
+    # In id order, as heartbeats take them: see job_heartbeat_many.
+    ordered = sorted(storable, key=lambda s: s.job.id)
     return {
-        "ids": [s.job.id for s in storable],
-        "tokens": [s.job.lease_token for s in storable],
-        "results": [s.text for s in storable],
+        "ids": [s.job.id for s in ordered],
+        "tokens": [s.job.lease_token for s in ordered],
+        "results": [s.text for s in ordered],
     }
 
 

@@ -78,6 +78,10 @@ RETURNING job.*;
 
 -- name: job_heartbeat_many
 -- Extends every lease still held; a lease missing from the result was lost.
+-- Lock order: this statement and job_ack_many lock rows in the order of their arrays
+-- (one index probe per element), and Queue sorts both by id. A worker's heartbeat and
+-- its ack of the same leases, on two connections, would otherwise each hold a row the
+-- other waits for: a deadlock.
 UPDATE {schema}.jobs AS job
 SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS lease (id, token)
