@@ -41,7 +41,15 @@ def unit(session: nox.Session) -> None:
 def tests(session: nox.Session) -> None:
     """The whole suite on real PostgreSQL: DATABASE_URL if set, else embedded PostgreSQL 18."""
     install_repo(session)
-    session.run("pytest", "-n", "auto", *session.posargs)
+    # The fault scenarios record their figures; those of this shorter run (a 10 s
+    # deadlock hunt) go to a scratch folder, not over `nox -s faults`' in results/.
+    session.run(
+        "pytest",
+        "-n",
+        "auto",
+        *session.posargs,
+        env={"PGQUEUE_RESULTS_DIR": session.create_tmp()},
+    )
 
 
 @nox.session(python=PYTHON, default=False)

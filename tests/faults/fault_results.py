@@ -23,6 +23,53 @@ from pgqueue_bench.servers import Binaries
 RESULTS_NAME = "faults"
 REPOSITORY_RESULTS = Path(__file__).resolve().parents[2] / "results"
 
+# What each scenario does to the queue, in a line: stored with its figures as "fault", so
+# results/faults.json explains itself and the README's table says what each row broke.
+# Markdown, since that table is where it is read.
+FAULTS: dict[str, str] = {
+    "01-server-crash": (
+        "PostgreSQL crash (`pg_ctl stop -m immediate`, start) mid claims, acks and enqueues"
+    ),
+    "02-backend-killed": "one backend killed with `kill -9`: the postmaster resets every connection",
+    "02-connections-terminated": (
+        "`pg_terminate_backend` of a worker's heartbeat, pooled and LISTEN connections"
+    ),
+    "03-failover-to-standby": (
+        "primary stopped (`-m immediate`), synchronous standby promoted; one multi-host URL "
+        "with `target_session_attrs=read-write`"
+    ),
+    "03-read-only-primary": (
+        "primary turned read-only (`default_transaction_read_only = on`, reload), then writable"
+    ),
+    "04-network-blackhole": (
+        "a worker's and the API's path blackholed past the lease, then reset (RST)"
+    ),
+    "04-cable-pulled": (
+        "a worker's cable pulled (its network namespace's loopback down) past the lease, "
+        "then plugged in"
+    ),
+    "05-disk-full": "the queue's tablespace (a tmpfs) filled to the last byte, then space freed",
+    "06-pool-exhausted": "handlers hold every connection of the worker's pool past the lease",
+    "06-hung-table-lock": (
+        "another session holds `LOCK TABLE jobs`, with a `statement_timeout` on the database"
+    ),
+    "07-stalled-worker": "a worker holding jobs frozen (SIGSTOP) past its lease, then continued",
+    "07-reaper-ack-race": "a reaper and two late ackers racing for the same just-expired leases",
+    "08-deadlock-hunt": (
+        "batched acks and claims, heartbeats, reaper, pruner, cancels, retries and frozen "
+        "workers all at once (`deadlock_timeout = 100ms`)"
+    ),
+    "09-ids-past-2-31": "job ids past 2^31 through workers, heartbeats, cancel, retry and the API",
+    "09-attempts-at-integer-limit": "attempt counts at the integer limit (2^31-1)",
+    "09-undecodable-payloads": (
+        "payloads a handler rejects, and JSON nested deeper than Python can decode"
+    ),
+    "10-server-timeouts": (
+        "`statement_timeout`, `idle_in_transaction_session_timeout` (17+: "
+        "`transaction_timeout`) of 1 s on the server"
+    ),
+}
+
 
 def server_version(binaries: Binaries) -> str:
     """``PostgreSQL 18.4`` for the binaries the private clusters run."""
@@ -41,10 +88,17 @@ class FaultResults:
         self.scenarios: dict[str, dict[str, Any]] = {}
 
     def add(self, scenario: str, test: str, figures: dict[str, Any]) -> None:
-        """Record one scenario's figures (``test`` is the pytest node id that made them)."""
+        """Record one scenario's figures (``test`` is the pytest node id that made them),
+        with the line of :data:`FAULTS` that says what the scenario does."""
+        if scenario not in FAULTS:
+            # Fail the scenario that made them rather than publish figures nobody can read.
+            raise KeyError(
+                f"{scenario!r} has no description in FAULTS (tests/faults/fault_results.py)"
+            )
         self.scenarios[scenario] = {
             "test": test,
             "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "fault": FAULTS[scenario],
             **figures,
         }
 
@@ -70,12 +124,13 @@ class FaultResults:
                 "benchmark": RESULTS_NAME,
                 "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
                 "description": (
-                    "Fault-injection scenarios (tests/faults): per scenario, the acknowledged "
-                    "enqueues (jobs), those lost, jobs completed twice (duplicates), handler "
-                    "runs beyond the first (redeliveries, allowed by at-least-once), and "
-                    "seconds on the database clock from the fault's removal to the first "
-                    "finished job (recovery_seconds) and the longest gap between finished "
-                    "jobs (pause_seconds)."
+                    "Fault-injection scenarios (tests/faults): per scenario, the fault "
+                    "injected (fault), the acknowledged enqueues (jobs), those lost, jobs "
+                    "completed twice (duplicates), handler runs beyond the first "
+                    "(redeliveries, allowed by at-least-once), and seconds on the database "
+                    "clock from the fault's removal to the first finished job "
+                    "(recovery_seconds) and the longest gap between finished jobs "
+                    "(pause_seconds)."
                 ),
                 "environment": {
                     "machine": environment.machine(),

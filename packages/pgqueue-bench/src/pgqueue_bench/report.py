@@ -2,7 +2,9 @@
 
 The README's results section is generated, never typed: everything between
 :data:`BEGIN_MARKER` and :data:`END_MARKER` is replaced by :func:`render`, which
-states the hardware each table ran on.
+states the hardware each table ran on. The benchmarks' documents hold ``runs``; the
+fault scenarios' (``results/faults.json``) hold, per PostgreSQL major version, one entry
+per scenario.
 """
 
 from __future__ import annotations
@@ -253,13 +255,181 @@ def restart_section(document: dict[str, Any]) -> list[str]:
     ]
 
 
+# The figures every fault scenario reports (tests/faults/fault_support.py, Verdict.figures);
+# whatever else a scenario recorded is its own, listed under "also measured".
+FAULT_COMMON_FIGURES = frozenset(
+    {
+        "jobs",
+        "lost",
+        "duplicates",
+        "redeliveries",
+        "handler_runs",
+        "failed_attempts",
+        "pause_seconds",
+        "recovery_seconds",
+    }
+)
+# What a scenario entry says about itself rather than what it measured.
+FAULT_BOOKKEEPING = frozenset({"test", "recorded_at", "fault"})
+# PGQUEUE_FAULTS_DEADLOCK_SECONDS in the noxfile's faults session.
+FAULTS_SESSION_HUNT_SECONDS = 60.0
+
+
+def _fault_versions(document: dict[str, Any]) -> list[dict[str, Any]]:
+    """The faults document's per-version entries that hold scenarios, newest major first."""
+    versions = document.get("postgresql") or {}
+    return [
+        versions[major]
+        for major in sorted(versions, key=lambda major: int(major), reverse=True)
+        if versions[major].get("scenarios")
+    ]
+
+
+def _count(value: Any) -> str:
+    return "-" if value is None else f"{value:,}"
+
+
+def _seconds(value: Any) -> str:
+    return "-" if value is None else f"{value:,.2f}"
+
+
+def _figure(value: Any) -> str:
+    """A scenario-specific figure as the table shows it: yes/no, k=v, or the number."""
+    if isinstance(value, bool):  # before int: a bool is an int
+        return "yes" if value else "no"
+    if isinstance(value, dict):
+        return ", ".join(f"{key}={_figure(item)}" for key, item in value.items())
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return "-" if value is None else str(value)
+
+
+def _cell(text: str | None) -> str:
+    """Free text from a results file as a table cell: a '|' would split the cell."""
+    return text.replace("|", "\\|") if text else "-"
+
+
+def _outcome_cells(scenario: dict[str, Any] | None) -> list[str]:
+    """'jobs · lost · duplicates · redelivered' and 'recovery (pause)' for one version."""
+    if scenario is None:  # this version did not run the scenario
+        return ["-", "-"]
+    counts = " · ".join(
+        _count(scenario.get(key)) for key in ("jobs", "lost", "duplicates", "redeliveries")
+    )
+    recovery, pause = scenario.get("recovery_seconds"), scenario.get("pause_seconds")
+    if recovery is None and pause is None:
+        timing = "-"
+    else:
+        timing = f"{_seconds(recovery)} ({_seconds(pause)})"
+    return [counts, timing]
+
+
+def _also_measured(scenario: dict[str, Any]) -> str:
+    """The scenario's own figures, 'name value' separated by semicolons."""
+    return "; ".join(
+        f"{name.replace('_', ' ')} {_figure(value)}"
+        for name, value in scenario.items()
+        if name not in FAULT_COMMON_FIGURES | FAULT_BOOKKEEPING
+    )
+
+
+def faults_section(document: dict[str, Any]) -> list[str]:
+    """One row per fault scenario: what it broke and, per PostgreSQL version, what was
+    lost, duplicated and redelivered, and how long the queue took to recover."""
+    versions = _fault_versions(document)
+    keys = sorted({key for entry in versions for key in entry["scenarios"]})
+    header = ["#", "fault"]
+    for entry in versions:
+        version = entry.get("version", "PostgreSQL ?")
+        header += [
+            f"{version}: jobs · lost · duplicates · redelivered",
+            f"{version.removeprefix('PostgreSQL ')}: recovery (pause) s",
+        ]
+    # Scenario-specific figures differ in kind from row to row; one version's are enough
+    # to show what else a scenario checks, and the header says whose they are.
+    newest_version = versions[0].get("version", "PostgreSQL ?") if versions else ""
+    header.append(f"also measured ({newest_version.removeprefix('PostgreSQL ')})")
+    rows = []
+    for key in keys:
+        number, _, _ = key.partition("-")
+        # The fault line and the extra figures come from the newest version that ran it.
+        newest = next(entry["scenarios"][key] for entry in versions if key in entry["scenarios"])
+        row = [str(int(number)) if number.isdigit() else number, _cell(newest.get("fault"))]
+        for entry in versions:
+            row += _outcome_cells(entry["scenarios"].get(key))
+        row.append(_cell(_also_measured(newest)))
+        rows.append(row)
+    return [
+        "### Fault injection: nothing lost",
+        "",
+        "Each scenario breaks something under load on a private cluster, then removes the "
+        "fault. **lost**: acknowledged enqueues missing or not finished as expected; "
+        "**duplicates**: jobs completed twice; **redelivered**: handler runs beyond the "
+        "first, which at-least-once allows; **recovery**: seconds on the database clock "
+        "from the fault's removal to the first finished job; **pause**: the longest gap "
+        "between two finished jobs. What each row means: "
+        "[docs/failure-modes.md](docs/failure-modes.md).",
+        "",
+        *_table(header, rows),
+        "",
+    ]
+
+
+def faults_footer(document: dict[str, Any]) -> str:
+    """The faults' 'Ran on' line: the machine, every version's clusters, and the run."""
+    machine = document.get("environment", {}).get("machine", {})
+    versions = _fault_versions(document)
+    servers = " and ".join(
+        f"{entry.get('version', 'PostgreSQL ?')} ({entry.get('server', 'private clusters')})"
+        for entry in versions
+    )
+    hunts = sorted(
+        {
+            entry["scenarios"]["08-deadlock-hunt"]["seconds"]
+            for entry in versions
+            if "seconds" in entry["scenarios"].get("08-deadlock-hunt", {})
+        }
+    )
+    # `nox -s tests` runs the same scenarios with a shorter deadlock hunt: the line says
+    # which run the figures are from, as the document records it.
+    if all(seconds == FAULTS_SESSION_HUNT_SECONDS for seconds in hunts):
+        source = f"`python3 -m nox -s faults` ({FAULTS_SESSION_HUNT_SECONDS:g} s deadlock hunt)"
+    else:
+        ran = " and ".join(_figure(seconds) for seconds in hunts)
+        source = (
+            f"`tests/faults` with a {ran} s deadlock hunt (`python3 -m nox -s faults` "
+            f"hunts for {FAULTS_SESSION_HUNT_SECONDS:g} s)"
+        )
+    return (
+        f"Ran on: {machine.get('cpu_count')} CPUs ({machine.get('cpu_model')}), "
+        f"{machine.get('memory_gib')} GiB, {servers}, Python {machine.get('python')}, "
+        f"{document.get('created_at', '')[:10]}; figures from {source}. "
+        "Raw data: `results/faults.json`."
+    )
+
+
 SECTIONS = {
     "throughput": throughput_section,
     "latency": latency_section,
     "peers": peers_section,
     "crash": crash_section,
     "restart": restart_section,
+    "faults": faults_section,
 }
+
+# Sections whose document does not fit :func:`hardware` (one server, in "environment")
+# write their own "Ran on" line.
+FOOTERS: dict[str, Callable[[dict[str, Any]], str]] = {"faults": faults_footer}
+
+
+def has_figures(document: dict[str, Any] | None) -> bool:
+    """Whether a results document holds anything to show: runs (the benchmarks) or, per
+    PostgreSQL version, scenarios (the faults)."""
+    if not document:
+        return False
+    return bool(document.get("runs")) or bool(_fault_versions(document))
 
 
 def render(directory: Path | str | None = None) -> str:
@@ -271,10 +441,13 @@ def render(directory: Path | str | None = None) -> str:
     ]
     for name, section in SECTIONS.items():
         document = results.read(name, directory)
-        if document is None or not document.get("runs"):
+        if not has_figures(document):
             continue
         lines += section(document)
-        lines += [f"Ran on: {hardware(document)}. Raw data: `results/{name}.json`.", ""]
+        if name in FOOTERS:
+            lines += [FOOTERS[name](document), ""]
+        else:
+            lines += [f"Ran on: {hardware(document)}. Raw data: `results/{name}.json`.", ""]
     return "\n".join(lines).rstrip() + "\n"
 
 
