@@ -98,9 +98,6 @@ LOCK TABLE {schema}.jobs IN ACCESS EXCLUSIVE MODE;
 -- Holds these jobs' rows until the session's transaction ends.
 SELECT id FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE;
 
--- name: jobs_analyze
-ANALYZE {schema}.jobs;
-
 -- name: sessions_waiting_on_locks
 SELECT count(*) AS waiting FROM pg_stat_activity
 WHERE datname = current_database() AND wait_event_type = 'Lock';

@@ -35,7 +35,6 @@ from pgqueue import (
     InvalidTransition,
     Job,
     JobNotFound,
-    JobSpec,
     JobState,
     Lease,
     LifecycleHooks,
@@ -222,64 +221,49 @@ def test_a_stale_outcome_batched_with_the_current_one_of_the_same_job_is_not_ack
     assert (stored.state, stored.result) == (JobState.SUCCEEDED, {"by": "current"})
 
 
-def test_an_ack_and_a_heartbeat_over_the_same_leases_lock_them_in_the_same_order(
-    start_server,
-) -> None:
-    # What the hunt above once caught, made certain: a worker acks jobs in the order
-    # they finished while its heartbeat extends the same leases in the order they were
-    # claimed. Another session holds the first job's row: the ack queues for it, and a
-    # heartbeat that went second-job-first holds the second job's row and queues too.
-    # When the session lets go, the ack needs the heartbeat's row and the heartbeat the
-    # ack's: a deadlock, unless both lock in the same order.
+def test_a_heartbeat_skips_rows_an_ack_holds_instead_of_waiting_for_them(start_server) -> None:
+    # What the hunt above once caught: an ack and a heartbeat over the same leases, each
+    # holding a row the other waited for (their plans visited the rows in different
+    # orders). A heartbeat now never waits for a row lock, so it cannot be one side of
+    # such a cycle. Here another session holds the second job's row; the ack has locked
+    # the first and queues for the second.
     server = start_server(settings={"deadlock_timeout": "100ms"})
     url = server.url()
     prepare_schema(url)
     outcome: dict[str, Any] = {}
     with Queue.connect(url, schema=SCHEMA, max_size=4) as queue, psycopg.connect(url) as holder:
-        queue.enqueue_many(work_jobs(2, "pair"))
-        first, second = queue.claim(["default"], ["fault_work"], 2, lease_seconds=60)
-        # A table of some size, as in production: each statement then finds its rows
-        # through the index, one lease after the other, rather than in one scan.
-        queue.enqueue_many([JobSpec("other", {}) for _ in range(1000)])
-        fault_sql.run(url, "jobs_analyze", schema=SCHEMA)
-        fault_sql.execute(holder, "jobs_lock_rows", {"ids": [first.id]}, schema=SCHEMA)
+        queue.enqueue_many(work_jobs(3, "trio"))
+        first, second, third = sorted(
+            queue.claim(["default"], ["fault_work"], 3, lease_seconds=60), key=lambda job: job.id
+        )
+        fault_sql.execute(holder, "jobs_lock_rows", {"ids": [second.id]}, schema=SCHEMA)
 
-        def call(name: str, function: Callable[[], Any]) -> None:
+        def ack() -> None:
             try:
-                outcome[name] = function()
+                outcome["ack"] = queue.ack_many([(first, 1), (second, 2)])
             except DatabaseUnavailable as exc:
-                outcome[name] = exc
+                outcome["ack"] = exc
 
-        callers = [
-            threading.Thread(
-                target=call, args=("ack", lambda: queue.ack_many([(first, 1), (second, 2)]))
-            ),
-            threading.Thread(
-                target=call,
-                args=(
-                    "heartbeat",
-                    lambda: queue.heartbeat(
-                        [Lease(second.id, second.lease_token), Lease(first.id, first.lease_token)],
-                        60,
-                    ),
-                ),
-            ),
-        ]
-        for waiting, caller in enumerate(callers, start=1):
-            caller.start()
-            wait_for(
-                lambda waiting=waiting: (
-                    fault_sql.run(url, "sessions_waiting_on_locks")[0]["waiting"] == waiting
-                ),
-                what=f"{waiting} statements waiting on the held rows",
-            )
+        acker = threading.Thread(target=ack)
+        acker.start()
+        wait_for(
+            lambda: fault_sql.run(url, "sessions_waiting_on_locks")[0]["waiting"] == 1,
+            what="the ack to wait for the held row",
+        )
+        leases = [Lease(job.id, job.lease_token) for job in (third, second, first)]
+        lost_while_locked = queue.heartbeat(leases, 120)
+        still_waiting = fault_sql.run(url, "sessions_waiting_on_locks")[0]["waiting"]
+        extended = queue.get(third.id).lease_expires_at
         holder.rollback()
-        for caller in callers:
-            caller.join(60)
+        acker.join(60)
+        lost_after_ack = queue.heartbeat(leases, 120)
 
+    # Locked rows were skipped, not waited for and not called lost; the free one was
+    # extended (to two minutes, from the claim's one).
+    assert lost_while_locked == set()
+    assert still_waiting == 1
+    assert extended > third.lease_expires_at
     assert not isinstance(outcome["ack"], Exception), outcome["ack"]
-    assert not isinstance(outcome["heartbeat"], Exception), outcome["heartbeat"]
     assert [job.id for job in outcome["ack"].succeeded] == [first.id, second.id]
-    # The heartbeat went second, and found both leases acked.
-    assert outcome["heartbeat"] == {first.id, second.id}
+    assert lost_after_ack == {first.id, second.id}
     assert "deadlock detected" not in server.log_path.read_text(errors="replace")

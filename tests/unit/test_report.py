@@ -9,6 +9,19 @@ from typing import Any
 from pgqueue_bench import report
 
 
+def _server_crash(**figures: Any) -> dict[str, Any]:
+    """The crash scenario's entry: its identity and counts, plus ``figures``."""
+    return {
+        "test": "tests/faults/test_fault_server_crash.py::test_crash",
+        "recorded_at": "2026-11-30T05:12:01+00:00",
+        "fault": "PostgreSQL crash mid claims and acks",
+        "jobs": 300,
+        "lost": 0,
+        "duplicates": 0,
+        **figures,
+    }
+
+
 def _faults_document(*, hunt_seconds: float = 60.0) -> dict[str, Any]:
     """Two versions; 18 ran a scenario 15 did not, and one scenario has no recovery."""
     return {
@@ -27,18 +40,12 @@ def _faults_document(*, hunt_seconds: float = 60.0) -> dict[str, Any]:
                 "server": "private clusters, system PostgreSQL 15 binaries",
                 "version": "PostgreSQL 15.20",
                 "scenarios": {
-                    "01-server-crash": {
-                        "test": "tests/faults/test_fault_server_crash.py::test_crash",
-                        "recorded_at": "2026-11-30T05:12:01+00:00",
-                        "fault": "PostgreSQL crash mid claims and acks",
-                        "jobs": 300,
-                        "lost": 0,
-                        "duplicates": 0,
-                        "redeliveries": 1,
-                        "pause_seconds": 0.948,
-                        "recovery_seconds": 0.584,
-                        "producer_refusals": 2,
-                    },
+                    "01-server-crash": _server_crash(
+                        redeliveries=1,
+                        pause_seconds=0.948,
+                        recovery_seconds=0.584,
+                        producer_refusals=2,
+                    ),
                     "08-deadlock-hunt": {
                         "fault": "everything that locks jobs at once",
                         "jobs": 1500,
@@ -55,19 +62,13 @@ def _faults_document(*, hunt_seconds: float = 60.0) -> dict[str, Any]:
                 "server": "private clusters, embedded PostgreSQL 18 binaries",
                 "version": "PostgreSQL 18.4",
                 "scenarios": {
-                    "01-server-crash": {
-                        "test": "tests/faults/test_fault_server_crash.py::test_crash",
-                        "recorded_at": "2026-11-30T05:12:01+00:00",
-                        "fault": "PostgreSQL crash mid claims and acks",
-                        "jobs": 300,
-                        "lost": 0,
-                        "duplicates": 0,
-                        "redeliveries": 3,
-                        "handler_runs": 303,
-                        "pause_seconds": 0.977,
-                        "recovery_seconds": 0.637,
-                        "producer_refusals": 4,
-                    },
+                    "01-server-crash": _server_crash(
+                        redeliveries=3,
+                        handler_runs=303,
+                        pause_seconds=0.977,
+                        recovery_seconds=0.637,
+                        producer_refusals=4,
+                    ),
                     "05-disk-full": {
                         "fault": "the queue's tablespace filled",
                         "jobs": 580,

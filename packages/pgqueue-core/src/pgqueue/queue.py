@@ -431,9 +431,11 @@ class Queue:
     def heartbeat(
         self, leases: Iterable[Lease], lease_seconds: float = DEFAULT_LEASE_SECONDS
     ) -> set[int]:
-        """Extend every lease in one statement; return the ids whose lease was lost."""
-        # In id order, as acks take them: see job_heartbeat_many.
-        leases = sorted(leases, key=lambda lease: lease.job_id)
+        """Extend every lease in one statement; return the ids whose lease was lost.
+
+        A lease whose row another transaction has locked right now (an ack, a cancel,
+        the reaper) is neither extended nor reported lost: the next heartbeat decides."""
+        leases = list(leases)
         if not leases:
             return set()
         rows = self._rows(
@@ -444,8 +446,7 @@ class Queue:
                 "lease_seconds": lease_seconds,
             },
         )
-        kept = {row["id"] for row in rows}
-        return {lease.job_id for lease in leases} - kept
+        return {row["id"] for row in rows}
 
     def ack(self, job: Job, result: Any = None) -> Job:
         """Mark ``job`` succeeded with ``result``, if its lease is still held.
@@ -862,7 +863,8 @@ def _split_storable(
 
 
 def _ack_params(storable: list[_Storable]) -> dict[str, Any]:
-    # In id order, as heartbeats take them: see job_heartbeat_many.
+    # In id order, so that any two acks that meet on the same rows lock them in the same
+    # order (heartbeats never wait for a row: see job_heartbeat_many).
     ordered = sorted(storable, key=lambda s: s.job.id)
     return {
         "ids": [s.job.id for s in ordered],

@@ -77,16 +77,35 @@ WHERE job.id = claimable.id
 RETURNING job.*;
 
 -- name: job_heartbeat_many
--- Extends every lease still held; a lease missing from the result was lost.
--- Lock order: this statement and job_ack_many lock rows in the order of their arrays
--- (one index probe per element), and Queue sorts both by id. A worker's heartbeat and
--- its ack of the same leases, on two connections, would otherwise each hold a row the
--- other waits for: a deadlock.
-UPDATE {schema}.jobs AS job
-SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
-FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS lease (id, token)
-WHERE job.id = lease.id AND job.lease_token = lease.token AND job.state = 'running'
-RETURNING job.id;
+-- Extends every lease still held, and returns the ids of the leases that were lost.
+-- A heartbeat never waits for a row lock: a row another transaction holds is being
+-- acked, failed, cancelled or reaped right now, so its lease is either about to end or
+-- still held, and the next beat finds out which (leases outlive several beats). Waiting
+-- would let a heartbeat and an ack of the same leases, each holding rows the other
+-- needs, deadlock whenever the two statements' plans visit the rows in different orders.
+WITH lease AS (
+    SELECT id, token FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS lease (id, token)
+),
+held AS (
+    SELECT job.id FROM {schema}.jobs AS job JOIN lease USING (id)
+    WHERE job.lease_token = lease.token AND job.state = 'running'
+    FOR UPDATE OF job SKIP LOCKED
+),
+extended AS (
+    UPDATE {schema}.jobs AS job
+    SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
+    FROM held
+    WHERE job.id = held.id
+    RETURNING job.id
+)
+-- Lost: neither extended nor, as this statement's snapshot saw it, still ours and
+-- merely locked by someone else.
+SELECT lease.id FROM lease
+WHERE NOT EXISTS (SELECT FROM extended WHERE extended.id = lease.id)
+  AND NOT EXISTS (
+      SELECT FROM {schema}.jobs AS job
+      WHERE job.id = lease.id AND job.lease_token = lease.token AND job.state = 'running'
+  );
 
 -- name: job_ack_many
 -- running -> succeeded, for the leases still held. Returns only what the acking worker
