@@ -1,33 +1,20 @@
-"""Helpers for the HTTP API tests: polling, free ports, and serving the real app under
-uvicorn in a thread, so tests talk HTTP to it with httpx."""
+"""Helpers for the HTTP API tests: free ports, and serving the real app under uvicorn in
+a thread, so tests talk HTTP to it with httpx."""
 
 from __future__ import annotations
 
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import httpx
 import uvicorn
 from fastapi import FastAPI
+from polling import wait_for
 
 TOKEN = "test-token-0123456789"
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 30.0, interval: float = 0.02) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(interval)
 
 
 def free_port() -> int:
@@ -49,7 +36,7 @@ def serve(app: FastAPI) -> Iterator[str]:
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
-        wait_for(lambda: server.started or not thread.is_alive())
+        wait_for(lambda: server.started or not thread.is_alive(), what="the API to start")
         assert server.started, "the API did not start"
         yield f"http://127.0.0.1:{port}"
     finally:

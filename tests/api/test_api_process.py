@@ -15,7 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_support import TOKEN, free_port, wait_for
+from api_support import TOKEN, free_port
+from polling import wait_for
 from psycopg import sql
 
 BIN = Path(sys.executable).parent

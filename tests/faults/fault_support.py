@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import socket
 import threading
 import time
@@ -37,6 +36,8 @@ import fault_sql
 import httpx
 import uvicorn
 from fault_tasks import INVOCATION_LOG_PREFIX, RUN_DIR_VARIABLE, WORK_TASK
+from polling import wait_for
+from processes import python_path
 
 from pgqueue import DatabaseUnavailable, JobSpec, JobState, Queue, migrate
 from pgqueue_api import ApiSettings, create_app
@@ -62,21 +63,6 @@ FAST_WORKERS = WorkerSettings(
     extra_args=("--plugin", "fault_tasks", "--no-plugin-autoload"),
 )
 MAX_ATTEMPTS = 25
-
-
-def wait_for(
-    condition: Callable[[], Any], timeout: float = 120.0, what: str = "", interval: float = 0.05
-) -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` s.
-    The timeouts are generous: they bound a hung test, they measure nothing."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what or condition}")
-        time.sleep(interval)
 
 
 def database_now(url: str) -> datetime:
@@ -122,10 +108,9 @@ class FaultWorkers(WorkerFleet):
         return [*self.prefix, *super().command()]
 
     def environment(self) -> dict[str, str]:
-        python_path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
         return {
             **super().environment(),
-            "PYTHONPATH": python_path,
+            "PYTHONPATH": python_path(HERE),
             RUN_DIR_VARIABLE: str(self.run_dir),
         }
 

@@ -14,7 +14,8 @@ import signal
 from pathlib import Path
 
 import fault_sql
-from fault_support import SCHEMA, FaultRun, wait_for, work_jobs
+from fault_support import SCHEMA, FaultRun, work_jobs
+from polling import wait_for
 
 from pgqueue_worker import connections
 

@@ -28,7 +28,8 @@ from typing import Any
 
 import fault_sql
 import psycopg
-from fault_support import SCHEMA, FaultRun, prepare_schema, wait_for, work_jobs
+from fault_support import SCHEMA, FaultRun, prepare_schema, work_jobs
+from polling import wait_for
 
 from pgqueue import (
     DatabaseUnavailable,

@@ -19,15 +19,8 @@ from pathlib import Path
 import fault_sql
 import httpx
 import pytest
-from fault_support import (
-    SCHEMA,
-    FaultRun,
-    prepare_schema,
-    send_via_api,
-    serve_api,
-    wait_for,
-    work_jobs,
-)
+from fault_support import SCHEMA, FaultRun, prepare_schema, send_via_api, serve_api, work_jobs
+from polling import wait_for
 
 from pgqueue import DatabaseUnavailable
 from pgqueue_api import ApiSettings

@@ -20,14 +20,8 @@ from pathlib import Path
 
 import fault_sql
 import httpx
-from fault_support import (
-    SCHEMA,
-    FaultRun,
-    database_now,
-    send_via_api,
-    serve_api,
-    wait_for,
-)
+from fault_support import SCHEMA, FaultRun, database_now, send_via_api, serve_api
+from polling import wait_for
 
 from pgqueue_api import ApiSettings
 from pgqueue_bench.servers import LOOPBACK, SUPERUSER

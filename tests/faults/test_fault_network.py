@@ -25,7 +25,8 @@ from pathlib import Path
 import fault_netns
 import pytest
 from fault_proxy import FaultProxy
-from fault_support import SCHEMA, FaultRun, send_via_api, serve_api, wait_for
+from fault_support import SCHEMA, FaultRun, send_via_api, serve_api
+from polling import wait_for
 
 from pgqueue import JobState
 from pgqueue_api import ApiSettings

@@ -23,14 +23,8 @@ import fault_sql
 import psycopg
 import psycopg_pool
 import pytest
-from fault_support import (
-    SCHEMA,
-    FaultRun,
-    prepare_schema,
-    send_via_api,
-    serve_api,
-    wait_for,
-)
+from fault_support import SCHEMA, FaultRun, prepare_schema, send_via_api, serve_api
+from polling import wait_for
 
 from pgqueue import DatabaseUnavailable, JobState, Queue
 from pgqueue.queue import CONNECTION_DEFAULTS

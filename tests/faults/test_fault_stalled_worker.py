@@ -18,7 +18,8 @@ import threading
 from pathlib import Path
 
 import fault_sql
-from fault_support import SCHEMA, FaultRun, prepare_schema, wait_for, work_jobs
+from fault_support import SCHEMA, FaultRun, prepare_schema, work_jobs
+from polling import wait_for
 
 from pgqueue import JobState, LeaseLost, Queue
 

@@ -5,12 +5,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
 
 import httpx
 import psycopg
+from polling import wait_for
 from psycopg import sql
 
 from pgqueue import embedded
@@ -22,19 +22,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def wait_for(check, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-        except httpx.HTTPError:
-            value = None
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError("condition not met in time")
 
 
 def test_dev_runs_a_job_end_to_end_and_stops_cleanly_on_ctrl_c():
@@ -52,12 +39,20 @@ def test_dev_runs_a_job_end_to_end_and_stops_cleanly_on_ctrl_c():
     )
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: httpx.get(f"{base}/healthz").status_code == 200)
+        wait_for(
+            lambda: httpx.get(f"{base}/healthz").status_code == 200,
+            what="the API to answer",
+            interval=0.2,
+            ignoring=(httpx.HTTPError,),
+        )
         created = httpx.post(f"{base}/jobs", json={"task": "echo", "payload": {"hi": 1}})
         assert created.status_code == 201
         job_id = created.json()["id"]
         done = wait_for(
-            lambda: (j := httpx.get(f"{base}/jobs/{job_id}").json())["state"] == "succeeded" and j
+            lambda: (j := httpx.get(f"{base}/jobs/{job_id}").json())["state"] == "succeeded" and j,
+            what="the job to succeed",
+            interval=0.2,
+            ignoring=(httpx.HTTPError,),
         )
         assert done["result"] == {"hi": 1}
         proc.send_signal(signal.SIGINT)

@@ -11,16 +11,15 @@ pruner's locks are transaction-scoped.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import psycopg
 from pgbouncer_support import POOL_SIZE, Bouncer, serve_app
+from polling import wait_for
+from processes import environment, pgqueue_command, start_worker, stop
 from psycopg import sql
 
 from pgqueue import JobSpec, JobState, Queue
@@ -32,28 +31,8 @@ HERE = Path(__file__).resolve().parent
 JOBS = 40
 
 
-def _pgqueue() -> list[str]:
-    script = Path(sys.executable).parent / "pgqueue"
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-c", "from pgqueue.cli import main; main()"]
-
-
-def _wait_for(condition, timeout: float = 90.0, what: str = ""):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.1)
-
-
 def _start_worker(bouncer: Bouncer, schema: str, log_path: Path, *extra: str) -> subprocess.Popen:
-    command = [
-        *_pgqueue(),
-        "worker",
+    args = [
         "--database-url",
         bouncer.url,
         "--schema",
@@ -73,30 +52,7 @@ def _start_worker(bouncer: Bouncer, schema: str, log_path: Path, *extra: str) ->
         "0.05",
         *extra,
     ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
-        "PYTHONUNBUFFERED": "1",
-    }
-    with log_path.open("wb") as log:
-        return subprocess.Popen(
-            command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
-def _stop(process: subprocess.Popen) -> int:
-    if process.poll() is None:
-        process.send_signal(signal.SIGTERM)
-    try:
-        return process.wait(60)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        return process.wait()
+    return start_worker(args, environment(HERE), log_path)
 
 
 def test_worker_and_api_run_jobs_end_to_end_through_pgbouncer(bouncer, schema, tmp_path):
@@ -123,11 +79,12 @@ def test_worker_and_api_run_jobs_end_to_end_through_pgbouncer(bouncer, schema, t
             def states() -> dict[int, str]:
                 return {job_id: client.get(f"/jobs/{job_id}").json()["state"] for job_id in ids}
 
-            finished = _wait_for(
+            finished = wait_for(
                 lambda: (
                     (s := states()) and all(v in ("succeeded", "dead") for v in s.values()) and s
                 ),
                 what=f"the jobs to finish; worker log:\n{log_path.read_text()}",
+                interval=0.1,  # each poll asks the API for every job
             )
             # Clients outnumber the server connections PgBouncer may open: they share them.
             pools = [p for p in bouncer.pools() if p["database"] != "pgbouncer"]
@@ -137,7 +94,7 @@ def test_worker_and_api_run_jobs_end_to_end_through_pgbouncer(bouncer, schema, t
             health = client.get("/healthz")
             job = client.get(f"/jobs/{ids[0]}").json()
     finally:
-        exit_code = _stop(worker)
+        (exit_code,) = stop([worker])
         api_queue.close()
 
     log = log_path.read_text()
@@ -205,13 +162,16 @@ def test_cli_commands_work_through_pgbouncer(bouncer, schema, database_url):
         )
     through = ["--database-url", bouncer.url, "--schema", schema]
     pruned = subprocess.run(
-        [*_pgqueue(), "prune", "--older-than", "1d", "--batch-size", "1", *through],
+        [*pgqueue_command(), "prune", "--older-than", "1d", "--batch-size", "1", *through],
         capture_output=True,
         text=True,
         timeout=120,
     )
     status = subprocess.run(
-        [*_pgqueue(), "status", "--json", *through], capture_output=True, text=True, timeout=120
+        [*pgqueue_command(), "status", "--json", *through],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert pruned.returncode == 0, pruned.stderr
     assert pruned.stdout.strip() == f"pruned {batches} jobs"

@@ -1,12 +1,9 @@
-"""Helpers for the scale tests: finished history written straight into a schema, the
-jobs of each state, and polling."""
+"""Helpers for the scale tests: finished history written straight into a schema, and
+the jobs of each state."""
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import Callable
-from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -23,19 +20,6 @@ SELECT %(queue)s, 't', jsonb_build_object('n', n), %(state)s::{schema}.job_state
        now() - %(age)s::interval, '{{"ok": true}}'
 FROM generate_series(1, %(count)s) AS n
 """
-
-
-def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` s
-    (a bound on a hung test, not a measurement)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-        time.sleep(0.05)
 
 
 def add_history(

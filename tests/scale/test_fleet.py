@@ -9,10 +9,7 @@ LISTEN), that every job runs once, and that the whole fleet stops cleanly.
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -20,7 +17,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from scale_support import wait_for
+from polling import wait_for
+from processes import environment, start_worker, stop
 
 from pgqueue import JobSpec, JobState, Queue, migrate
 from pgqueue_bench.servers import PrivateServer, binaries_for
@@ -42,13 +40,6 @@ def fleet_server(server_url: str) -> Iterator[str]:
     with server:
         migrate(server.url(), SCHEMA)
         yield server.url()
-
-
-def _pgqueue() -> list[str]:
-    script = Path(sys.executable).parent / "pgqueue"
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-c", "from pgqueue.cli import main; main()"]
 
 
 def _connections(url: str) -> Counter[str]:
@@ -75,9 +66,7 @@ def _idle_transactions_per_second(url: str, seconds: float = 5.0) -> float:
 
 
 def test_64_workers_share_one_database_within_their_connection_budget(fleet_server, tmp_path):
-    command = [
-        *_pgqueue(),
-        "worker",
+    args = [
         "--database-url",
         fleet_server,
         "--schema",
@@ -94,11 +83,7 @@ def test_64_workers_share_one_database_within_their_connection_budget(fleet_serv
         "--log-level",
         "warning",
     ]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
-        "PYTHONUNBUFFERED": "1",
-    }
+    env = environment(HERE)
     workers: list[subprocess.Popen[bytes]] = []
     logs = [tmp_path / f"worker-{n}.log" for n in range(WORKERS)]
     peak: Counter[str] = Counter()
@@ -111,17 +96,7 @@ def test_64_workers_share_one_database_within_their_connection_budget(fleet_serv
 
     try:
         for log_path in logs:
-            with log_path.open("wb") as log:
-                workers.append(
-                    subprocess.Popen(
-                        command,
-                        env=env,
-                        stdin=subprocess.DEVNULL,
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        start_new_session=True,
-                    )
-                )
+            workers.append(start_worker(args, env, log_path))
         wait_for(
             lambda: sample()["pgqueue-worker-listen"] == WORKERS,
             timeout=240,
@@ -139,16 +114,7 @@ def test_64_workers_share_one_database_within_their_connection_budget(fleet_serv
             jobs = queue.list(state=JobState.SUCCEEDED, limit=1000).jobs
         idle_rate = _idle_transactions_per_second(fleet_server)
     finally:
-        for process in workers:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 120
-        for process in workers:
-            try:
-                process.wait(max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop(workers, timeout=120)
 
     print(f"peak connections of {WORKERS} workers by role: {dict(peak)}")
     print(f"transactions per second with the {WORKERS} workers idle: {idle_rate:.0f}")

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import psycopg
 import pytest
-from scale_support import backdate, job_in_state, remaining_ids, wait_for
+from polling import wait_for
+from processes import environment, pgqueue_command, start_worker, stop
+from scale_support import backdate, job_in_state, remaining_ids
 
 from pgqueue import JobState, Queue, ValidationError
 from pgqueue.locks import advisory_key
@@ -164,12 +163,8 @@ def test_a_pruner_needs_a_positive_interval(queue):
 # -- the pruner in `pgqueue worker` -----------------------------------------------------
 
 
-def _worker(database_url: str, schema: str, *flags: str) -> list[str]:
-    script = Path(sys.executable).parent / "pgqueue"
-    command = [str(script)] if script.exists() else [sys.executable, "-m", "pgqueue.cli"]
+def _worker_args(database_url: str, schema: str, *flags: str) -> list[str]:
     return [
-        *command,
-        "worker",
         "--database-url",
         database_url,
         "--schema",
@@ -183,33 +178,20 @@ def _worker(database_url: str, schema: str, *flags: str) -> list[str]:
     ]
 
 
-def _environment() -> dict[str, str]:
-    path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
-    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1"}
-
-
 def test_pgqueue_worker_prunes_by_its_flags(queue, db, schema, database_url, tmp_path):
     old_succeeded = finished_jobs(queue, db, schema, JobState.SUCCEEDED, 2, "2 hours")
     kept = finished_jobs(queue, db, schema, JobState.SUCCEEDED, 1, "10 minutes")
     kept += finished_jobs(queue, db, schema, JobState.DEAD, 1, "2 hours")
     log_path = tmp_path / "worker.log"
     flags = ("--prune-succeeded-after", "1h", "--prune-dead-after", "1d", "--prune-interval", "0.2")
-    with log_path.open("wb") as log:
-        worker = subprocess.Popen(
-            _worker(database_url, schema, *flags),
-            env=_environment(),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+    worker = start_worker(_worker_args(database_url, schema, *flags), environment(HERE), log_path)
     try:
         wait_for(
             lambda: not remaining_ids(queue) & set(old_succeeded),
             what=f"the worker's pruner; log:\n{log_path.read_text()}",
         )
     finally:
-        worker.send_signal(signal.SIGTERM)
-        exit_code = worker.wait(60)
+        (exit_code,) = stop([worker])
     log = log_path.read_text()
     assert remaining_ids(queue) == set(kept)
     assert "succeeded after 1h, cancelled after 7d, dead after 1d" in log
@@ -219,8 +201,12 @@ def test_pgqueue_worker_prunes_by_its_flags(queue, db, schema, database_url, tmp
 
 def test_pgqueue_worker_refuses_a_retention_that_is_not_a_duration(database_url, schema):
     result = subprocess.run(
-        _worker(database_url, schema, "--prune-dead-after", "soon"),
-        env=_environment(),
+        [
+            *pgqueue_command(),
+            "worker",
+            *_worker_args(database_url, schema, "--prune-dead-after", "soon"),
+        ],
+        env=environment(HERE),
         capture_output=True,
         text=True,
         timeout=60,

@@ -9,8 +9,9 @@ from typing import Any
 
 import psycopg
 import pytest
+from polling import wait_for
 from psycopg import sql
-from worker_support import terminate, wait_for, wait_until_state, worker_backends
+from worker_support import terminate, wait_until_state, worker_backends
 
 from pgqueue import Job, JobState, LifecycleHooks, Queue, get_plugin_manager, hookimpl
 from pgqueue_worker import connections

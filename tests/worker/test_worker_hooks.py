@@ -8,14 +8,8 @@ import signal
 from collections import Counter
 
 import pytest
-from worker_support import (
-    FAST,
-    RAISING_HOOKS_VARIABLE,
-    TEST_PLUGIN,
-    hook_calls,
-    wait_for,
-    wait_until_state,
-)
+from polling import wait_for
+from worker_support import FAST, RAISING_HOOKS_VARIABLE, TEST_PLUGIN, hook_calls, wait_until_state
 
 from pgqueue import JobState, Queue
 

@@ -9,7 +9,8 @@ import threading
 from typing import Any
 
 import pytest
-from worker_support import FAST, TEST_PLUGIN, wait_for, wait_until_state
+from polling import wait_for
+from worker_support import FAST, TEST_PLUGIN, wait_until_state
 
 from pgqueue import Job, JobState, Queue, TaskHandler
 

@@ -7,13 +7,8 @@ import signal
 import subprocess
 
 import pytest
-from worker_support import (
-    FAST,
-    TEST_PLUGIN,
-    pgqueue_command,
-    wait_until_state,
-    worker_environment,
-)
+from processes import pgqueue_command
+from worker_support import FAST, TEST_PLUGIN, wait_until_state, worker_environment
 
 from pgqueue import JobState, Queue
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from worker_support import listening_backends, terminate, wait_for, wait_until_state
+from polling import wait_for
+from worker_support import listening_backends, terminate, wait_until_state
 
 from pgqueue import JobState, Queue
 

@@ -1,21 +1,19 @@
 """Helpers for the worker tests: real ``pgqueue worker`` processes, an in-process worker
-on a thread, polling, and the database's view of a worker's connections."""
+on a thread, and the database's view of a worker's connections."""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
-import sys
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from polling import wait_for
+from processes import environment, start_worker
 
 from pgqueue import Job, JobState, Queue
 from pgqueue_worker import Worker
@@ -42,41 +40,12 @@ FAST = (
 )
 
 
-def wait_for(condition: Callable[[], Any], timeout: float = 60.0, what: str = "") -> Any:
-    """Poll ``condition`` until it returns something truthy; fail after ``timeout`` s.
-    The timeouts are generous: they bound a hung test, they do not measure anything."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}")
-        time.sleep(0.02)
-
-
-def pgqueue_command() -> list[str]:
-    """The ``pgqueue`` console script of the environment running the tests."""
-    script = Path(sys.executable).parent / "pgqueue"
-    if script.exists():
-        return [str(script)]
-    return [sys.executable, "-c", "from pgqueue.cli import main; main()"]
-
-
 class WorkerProcess:
     """A ``pgqueue worker`` subprocess whose output goes to a log file."""
 
     def __init__(self, args: list[str], env: dict[str, str], log_path: Path) -> None:
         self.log_path = log_path
-        with log_path.open("wb") as log:
-            self.process = subprocess.Popen(
-                [*pgqueue_command(), "worker", *args],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        self.process = start_worker(args, env, log_path)
 
     @property
     def pid(self) -> int:
@@ -118,14 +87,7 @@ class WorkerProcess:
 
 def worker_environment(tmp_path: Path, **extra: str) -> dict[str, str]:
     """The test environment, plus the test plugin on the path and its hook log."""
-    python_path = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
-    return {
-        **os.environ,
-        "PYTHONPATH": python_path,
-        "PYTHONUNBUFFERED": "1",
-        HOOK_LOG_VARIABLE: str(tmp_path / "hooks.jsonl"),
-        **extra,
-    }
+    return environment(HERE, **{HOOK_LOG_VARIABLE: str(tmp_path / "hooks.jsonl"), **extra})
 
 
 def hook_calls(tmp_path: Path) -> list[dict[str, Any]]:

@@ -20,8 +20,8 @@ from typing import Any
 
 import click
 
-from pgqueue import JobSpec, Queue
-from pgqueue_bench import database, deliveries, environment, handlers, observe, results
+from pgqueue import Queue
+from pgqueue_bench import database, environment, handlers, observe, results
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
 from pgqueue_bench.progress import LiveLine
 
@@ -87,19 +87,13 @@ def run_crash(
     """Run one crash scenario in a fresh schema on ``url`` and return its figures."""
     progress = progress or LiveLine()
     rng = random.Random(scenario.seed)
-    with (
-        database.run_schema(url, "bench_crash") as schema,
-        Queue.connect(url, schema=schema, max_size=2) as queue,
-    ):
-        specs = [
-            JobSpec(
-                handlers.RECORD_TASK,
-                {"seq": seq, "work_ms": list(scenario.work_ms)},
-                queue=QUEUE_NAME,
-                max_attempts=scenario.max_attempts,
-            )
-            for seq in range(scenario.jobs)
-        ]
+    with database.run_queue(url, "bench_crash") as (schema, queue):
+        specs = handlers.recording_jobs(
+            scenario.jobs,
+            queue=QUEUE_NAME,
+            work_ms=scenario.work_ms,
+            max_attempts=scenario.max_attempts,
+        )
         observe.enqueue_in_batches(queue, specs)
         started_at = database.database_now(url)
         kills = 0
@@ -143,23 +137,13 @@ def run_crash(
                 time.sleep(0.02)
             unexpected_exits = fleet.unexpected_exits()
         progress.clear()
-        jobs = observe.all_jobs(queue)
-        final = observe.outcome(jobs)
-        summary = deliveries.summarize(url, schema)
-    wall = (final.last_finished_at - started_at).total_seconds() if final.last_finished_at else None
+        evidence = observe.evidence(queue, url, schema, log_dir)
+    finished_at = evidence.outcome.last_finished_at
+    wall = (finished_at - started_at).total_seconds() if finished_at else None
     return {
         "workers_killed": kills,
         "killed_while_holding_a_job": kills_holding,
-        "jobs": final.jobs,
-        "jobs_succeeded": final.succeeded,
-        "jobs_lost": final.lost,
-        "jobs_never_delivered": final.jobs - summary.jobs_delivered,
-        "duplicate_deliveries": summary.duplicate_deliveries,
-        "most_deliveries_of_one_job": summary.most_deliveries_of_one_job,
-        "failed_attempts_recorded": final.failed_attempts,
-        "jobs_with_expired_lease": final.jobs_with_expired_lease,
-        "delivery_rows": summary.delivery_rows,
-        "handler_invocations": deliveries.count_invocations(log_dir),
+        **evidence.figures(),
         "wall_seconds": wall,
         "timed_out": timed_out,
         "workers_started": fleet.started,

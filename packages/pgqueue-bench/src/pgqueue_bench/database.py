@@ -15,7 +15,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
-from pgqueue import migrate
+from pgqueue import Queue, migrate
 from pgqueue_bench.queries import schema_statement, statement
 
 
@@ -72,6 +72,14 @@ def run_schema(url: str, prefix: str, *, keep: bool = False) -> Iterator[str]:
     finally:
         if not keep:
             drop_schema(url, schema)
+
+
+@contextmanager
+def run_queue(url: str, prefix: str) -> Iterator[tuple[str, Queue]]:
+    """A fresh schema for one run (see :func:`run_schema`) and a Queue on it with a
+    small pool: the driver only enqueues and watches; the workers have their own."""
+    with run_schema(url, prefix) as schema, Queue.connect(url, schema=schema, max_size=2) as queue:
+        yield schema, queue
 
 
 def with_database(url: str, dbname: str) -> str:

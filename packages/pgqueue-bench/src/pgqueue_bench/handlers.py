@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any
 
-from pgqueue import Job
+from pgqueue import Job, JobSpec
 from pgqueue_bench.deliveries import DeliveryRecorder, InvocationLog
 
 NOOP_TASK = "bench_noop"
@@ -70,3 +70,19 @@ def record_delivery(payload: dict[str, Any], job: Job) -> None:
 
 
 HANDLERS = {NOOP_TASK: noop, RECORD_TASK: record_delivery}
+
+
+def recording_jobs(
+    count: int, *, queue: str, work_ms: tuple[int, int], max_attempts: int
+) -> list[JobSpec]:
+    """``count`` jobs of the recording task on ``queue``, numbered 0 to ``count - 1`` by
+    ``payload["seq"]``, each working for ``work_ms`` (a range in milliseconds)."""
+    return [
+        JobSpec(
+            RECORD_TASK,
+            {"seq": seq, "work_ms": list(work_ms)},
+            queue=queue,
+            max_attempts=max_attempts,
+        )
+        for seq in range(count)
+    ]

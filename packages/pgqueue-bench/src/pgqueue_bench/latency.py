@@ -98,10 +98,7 @@ def run_latency(
 ) -> dict[str, Any]:
     """Run one latency measurement in a fresh schema on ``url``."""
     progress = progress or LiveLine()
-    with (
-        database.run_schema(url, "bench_latency") as schema,
-        Queue.connect(url, schema=schema, max_size=2) as queue,
-    ):
+    with database.run_queue(url, "bench_latency") as (schema, queue):
         with WorkerFleet(url, schema, scenario.worker_settings(mode), log_dir) as fleet:
             fleet.start(scenario.workers)
             # Warm-up: every worker is up, connected and idle before measuring.

@@ -1,4 +1,5 @@
-"""Reading a run's outcome from the jobs table, through :class:`pgqueue.Queue`."""
+"""Reading a run's outcome from the jobs table, through :class:`pgqueue.Queue`, and,
+for a run of recording jobs, the evidence of every delivery beside it."""
 
 from __future__ import annotations
 
@@ -6,8 +7,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 
 from pgqueue import Job, JobSpec, JobState, Queue
+from pgqueue_bench import deliveries
+from pgqueue_bench.deliveries import DeliverySummary
 
 PAGE_SIZE = 1000
 
@@ -85,4 +89,41 @@ def outcome(jobs: list[Job]) -> Outcome:
             1 for job in jobs if (job.last_error or "").startswith("lease expired")
         ),
         last_finished_at=max(finished_at) if finished_at else None,
+    )
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What a run of recording jobs left behind: the jobs table's outcome, the delivery
+    rows, and the handler invocations the workers logged to local files."""
+
+    outcome: Outcome
+    deliveries: DeliverySummary
+    handler_invocations: int
+
+    def figures(self) -> dict[str, int]:
+        """The figures the crash and restart drivers report, by their names in the
+        results files."""
+        final, summary = self.outcome, self.deliveries
+        return {
+            "jobs": final.jobs,
+            "jobs_succeeded": final.succeeded,
+            "jobs_lost": final.lost,
+            "jobs_never_delivered": final.jobs - summary.jobs_delivered,
+            "duplicate_deliveries": summary.duplicate_deliveries,
+            "most_deliveries_of_one_job": summary.most_deliveries_of_one_job,
+            "failed_attempts_recorded": final.failed_attempts,
+            "jobs_with_expired_lease": final.jobs_with_expired_lease,
+            "delivery_rows": summary.delivery_rows,
+            "handler_invocations": self.handler_invocations,
+        }
+
+
+def evidence(queue: Queue, url: str, schema: str, log_dir: Path) -> Evidence:
+    """The evidence of a finished run in ``schema``, whose workers logged to ``log_dir``
+    (read it before the run's schema is dropped)."""
+    return Evidence(
+        outcome=outcome(all_jobs(queue)),
+        deliveries=deliveries.summarize(url, schema),
+        handler_invocations=deliveries.count_invocations(log_dir),
     )

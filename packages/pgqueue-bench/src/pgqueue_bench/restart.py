@@ -28,8 +28,8 @@ import click
 import psycopg
 from psycopg.rows import dict_row
 
-from pgqueue import DatabaseUnavailable, JobSpec, Queue
-from pgqueue_bench import database, deliveries, environment, handlers, observe, results
+from pgqueue import DatabaseUnavailable
+from pgqueue_bench import database, environment, handlers, observe, results
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.queries import statement
@@ -37,6 +37,17 @@ from pgqueue_bench.servers import PrivateServer, ShutdownMode, binaries_for
 
 QUEUE_NAME = "bench_restart"
 RESTART_MODES: tuple[ShutdownMode, ...] = ("fast", "immediate")
+# The evidence figures (observe.Evidence.figures) a run reports after
+# "jobs_succeeded_before_restart", in the order of the restart results files.
+REPORTED_FIGURES = (
+    "jobs_succeeded",
+    "jobs_lost",
+    "handler_invocations",
+    "delivery_rows",
+    "jobs_never_delivered",
+    "duplicate_deliveries",
+    "failed_attempts_recorded",
+)
 
 
 @dataclass(frozen=True)
@@ -133,19 +144,13 @@ def run_restart(
     progress = progress or LiveLine()
     # The driver's own pool loses its connections with the server, as expected here.
     logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
-    with (
-        database.run_schema(url, "bench_restart") as schema,
-        Queue.connect(url, schema=schema, max_size=2) as queue,
-    ):
-        specs = [
-            JobSpec(
-                handlers.RECORD_TASK,
-                {"seq": seq, "work_ms": list(scenario.work_ms)},
-                queue=QUEUE_NAME,
-                max_attempts=scenario.max_attempts,
-            )
-            for seq in range(scenario.jobs)
-        ]
+    with database.run_queue(url, "bench_restart") as (schema, queue):
+        specs = handlers.recording_jobs(
+            scenario.jobs,
+            queue=QUEUE_NAME,
+            work_ms=scenario.work_ms,
+            max_attempts=scenario.max_attempts,
+        )
         observe.enqueue_in_batches(queue, specs)
         restart_after = max(1, round(scenario.jobs * scenario.restart_at))
         with WorkerFleet(url, schema, scenario.worker_settings(), log_dir) as fleet:
@@ -187,8 +192,8 @@ def run_restart(
                 time.sleep(0.05)
             unexpected_exits = fleet.unexpected_exits()
         progress.clear()
-        final = observe.outcome(observe.all_jobs(queue))
-        summary = deliveries.summarize(url, schema)
+        evidence = observe.evidence(queue, url, schema, log_dir)
+    final, figures = evidence.outcome, evidence.figures()
     issued_at = timing["restart_issued_at"]
     return {
         "seconds_to_accept_connections": timing["seconds_to_accept_connections"],
@@ -199,13 +204,7 @@ def run_restart(
         ),
         "jobs": final.jobs,
         "jobs_succeeded_before_restart": at_restart["succeeded"],
-        "jobs_succeeded": final.succeeded,
-        "jobs_lost": final.lost,
-        "handler_invocations": deliveries.count_invocations(log_dir),
-        "delivery_rows": summary.delivery_rows,
-        "jobs_never_delivered": final.jobs - summary.jobs_delivered,
-        "duplicate_deliveries": summary.duplicate_deliveries,
-        "failed_attempts_recorded": final.failed_attempts,
+        **{name: figures[name] for name in REPORTED_FIGURES},
         "timed_out": timed_out,
         "unexpected_worker_exits": unexpected_exits,
     }

@@ -156,8 +156,7 @@ def run_throughput(
     progress = progress or LiveLine()
     settings = scenario.worker_settings(mode)
     with (
-        database.run_schema(url, "bench_throughput") as schema,
-        Queue.connect(url, schema=schema, max_size=2) as queue,
+        database.run_queue(url, "bench_throughput") as (schema, queue),
         WorkerFleet(url, schema, settings, log_dir) as fleet,
     ):
         fleet.start(workers)
