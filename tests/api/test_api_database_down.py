@@ -10,6 +10,7 @@ import socket
 from collections.abc import Iterator
 
 import httpx
+import psycopg
 import pytest
 from api_support import free_port
 from psycopg.conninfo import make_conninfo
@@ -76,3 +77,28 @@ def test_writes_to_a_read_only_database_are_503_while_reads_work(start_api, data
     _assert_unavailable(client.post("/jobs", json={"task": "echo"}))
     assert client.get("/jobs").status_code == 200
     assert client.get("/healthz").status_code == 200
+
+
+def test_after_its_connections_are_cut_the_api_answers_one_503_not_one_per_connection(
+    start_api, database_url: str
+):
+    # What a server restart leaves behind: a pool full of connections that look fine
+    # until used. Here the server ends the pool's four sessions itself.
+    api = start_api(pool_size=4)
+    pool = api.app.state.queue.pool
+    pool.resize(min_size=4, max_size=4)
+    pool.wait()
+    assert api.client.get("/queues").status_code == 200
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        ended = admin.execute(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend'"
+        ).fetchone()[0]
+
+    answers = [api.client.get("/queues").status_code for _ in range(6)]
+
+    assert ended >= 4
+    # The first request meets a dead connection; the pool is then checked, before the
+    # same client's next request is read, and every dead connection replaced.
+    assert answers == [503, 200, 200, 200, 200, 200]

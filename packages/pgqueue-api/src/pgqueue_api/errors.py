@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
-from pgqueue import DatabaseUnavailable, InvalidTransition, JobNotFound, ValidationError
+from pgqueue import DatabaseUnavailable, InvalidTransition, JobNotFound, Queue, ValidationError
 
 log = logging.getLogger("pgqueue.api")
 
@@ -57,6 +59,7 @@ def unavailable_response() -> Response:
 
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that turn exceptions into the API's error responses."""
+    app.state.pool_repair = _PoolRepair()
     app.add_exception_handler(RequestValidationError, _request_invalid)
     app.add_exception_handler(ValidationError, _value_invalid)
     app.add_exception_handler(JobNotFound, _job_not_found)
@@ -154,10 +157,43 @@ class _ThrottledWarning:
 warn_unavailable = _ThrottledWarning()
 
 
+class _PoolRepair:
+    """Tests the pool's idle connections once a request found the database unavailable,
+    replacing the dead ones, one check at a time.
+
+    After a server restart every pooled connection is dead, and the pool learns that of
+    each one only when a request fails on it: without this, a pool of ten would answer
+    ten 503s after a restart that lasted a second. The check runs after the 503 is sent
+    (and before the next request on that client connection is read), so it delays no
+    answer; a hung server only keeps the one check busy.
+    """
+
+    def __init__(self) -> None:
+        self._running = threading.Lock()
+
+    def task(self, queue: Queue) -> BackgroundTask | None:
+        """A task that checks ``queue``'s pool, or None while a check is running."""
+        if not self._running.acquire(blocking=False):
+            return None
+        return BackgroundTask(self._check, queue)
+
+    def _check(self, queue: Queue) -> None:
+        try:
+            queue.pool.check()
+        except Exception:
+            log.debug("checking the pool's connections failed", exc_info=True)
+        finally:
+            self._running.release()
+
+
 async def _database_unavailable(request: Request, exc: Exception) -> Response:
     # Clients get a generic answer; the reason (hosts, ports) stays in the server's log.
     warn_unavailable(f"answering 503: {exc}")
-    return unavailable_response()
+    response = unavailable_response()
+    queue = getattr(request.app.state, "queue", None)
+    if queue is not None:
+        response.background = request.app.state.pool_repair.task(queue)
+    return response
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
