@@ -11,8 +11,9 @@ from typing import Any
 import httpx
 import psycopg
 import pytest
-from api_support import RunningApi, serve
+from api_support import RunningApi
 from psycopg import sql
+from serving import serve
 
 from pgqueue import migrate
 from pgqueue_api import ApiSettings, create_app

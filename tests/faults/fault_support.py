@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import socket
 import threading
 import time
 from collections import Counter
@@ -34,10 +33,10 @@ from typing import Any
 
 import fault_sql
 import httpx
-import uvicorn
 from fault_tasks import INVOCATION_LOG_PREFIX, RUN_DIR_VARIABLE, WORK_TASK
 from polling import wait_for
 from processes import python_path
+from serving import serve
 
 from pgqueue import DatabaseUnavailable, JobSpec, JobState, Queue, migrate
 from pgqueue_api import ApiSettings, create_app
@@ -285,25 +284,11 @@ class Producer:
 @contextlib.contextmanager
 def serve_api(settings: ApiSettings) -> Iterator[httpx.Client]:
     """The real app under uvicorn on a thread, on a free loopback port; yields a client."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(settings), log_config=None, access_log=False, timeout_graceful_shutdown=5
-        )
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: server.started or not thread.is_alive(), 60, what="the API to start")
-        assert server.started, "the API did not start"
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
-            yield client
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()
+    with (
+        serve(create_app(settings)) as url,
+        httpx.Client(base_url=url, timeout=60) as client,
+    ):
+        yield client
 
 
 # -- a run -------------------------------------------------------------------------------
@@ -338,6 +323,18 @@ class Verdict:
     def duplicates(self) -> int:
         """Jobs completed twice, as the database or the workers tell it."""
         return len(self.double_acks) + len(self.contradicted_acks)
+
+    def broken_promises(self, also_enqueued: Iterable[int] = ()) -> dict[str, list[Any]]:
+        """The at-least-once promises this run broke, each with its evidence; empty when
+        every one held. ``also_enqueued``: ids of rows the test wrote around the
+        producers (raw inserts), which must be exactly the unacknowledged ones."""
+        checks: dict[str, list[Any]] = {
+            "lost": self.lost,
+            "unacknowledged": sorted(set(self.unacknowledged) ^ set(also_enqueued)),
+            "double_acks": self.double_acks,
+            "contradicted_acks": self.contradicted_acks,
+        }
+        return {promise: evidence for promise, evidence in checks.items() if evidence}
 
     def recovery_seconds(self, since: datetime) -> float | None:
         """From ``since`` (the fault removed) to the first job finished after it."""

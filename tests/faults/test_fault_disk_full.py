@@ -130,10 +130,7 @@ def test_a_full_disk_refuses_enqueues_cleanly_and_everything_resumes_when_space_
     # A library caller is told why; the API's 503 keeps the reason for its own log.
     assert error.startswith("database unavailable: could not extend file")
     assert "No space left on device" in error
-    assert verdict.lost == []
-    assert verdict.unacknowledged == []
-    assert verdict.double_acks == []
-    assert verdict.contradicted_acks == []
+    assert verdict.broken_promises() == {}
     assert verdict.states == {"succeeded": verdict.jobs}
     record_figures(
         "05-disk-full",

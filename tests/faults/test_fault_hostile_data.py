@@ -73,10 +73,7 @@ def test_job_ids_past_2_to_the_31_run_through_workers_heartbeats_and_the_api(
     assert min(ids) >= 3_000_000_000
     assert (cancelled.json()["state"], retried.json()["state"]) == ("cancelled", "queued")
     assert fetched["state"] == "succeeded"
-    assert verdict.lost == []
-    assert verdict.unacknowledged == []
-    assert verdict.double_acks == []
-    assert verdict.contradicted_acks == []
+    assert verdict.broken_promises() == {}
     assert verdict.redeliveries == 0
     assert verdict.states == {"succeeded": 65}
     record_figures("09-ids-past-2-31", verdict.figures(smallest_id=min(ids)))
@@ -131,7 +128,7 @@ def test_attempt_counts_at_the_integer_limit_back_off_capped_and_wedge_nothing(
     assert any(row["job_id"] == reaped and row["attempts"] == INT_MAX - 2 for row in retries)
     assert all((row["run_at"] - row["at"]).total_seconds() <= 0.5 for row in retries)
     assert _wedged(logs) == []
-    assert verdict.lost == []
+    assert verdict.broken_promises(also_enqueued=[failing, reaped, saturated]) == {}
     assert verdict.states == {"succeeded": 41, "dead": 2}
     record_figures(
         "09-attempts-at-integer-limit",
@@ -199,8 +196,7 @@ def test_payloads_nobody_can_decode_end_dead_with_clear_errors_and_harm_no_other
     assert listed.status_code == 200 and len(listed.json()["jobs"]) == 5
     assert decoded == [{"bytes": 15}] * 10
     assert _wedged(logs) == []
-    assert verdict.lost == []
-    assert verdict.unacknowledged == sorted([*ids.values(), vanished])
+    assert verdict.broken_promises(also_enqueued=[*ids.values(), vanished]) == {}
     assert verdict.states == {"succeeded": 70, "dead": 5}
     record_figures(
         "09-undecodable-payloads",

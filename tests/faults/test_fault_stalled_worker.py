@@ -66,9 +66,7 @@ def test_a_worker_stalled_past_its_lease_cannot_overwrite_the_rescuers_outcome(
         assert job.attempts >= 2, job
         assert job.result["pid"] == rescuer_pid, job
         assert job.last_error.startswith("lease expired"), job
-    assert verdict.lost == []
-    assert verdict.double_acks == []
-    assert verdict.contradicted_acks == []
+    assert verdict.broken_promises() == {}
     assert verdict.states == {"succeeded": 150}
     record_figures(
         "07-stalled-worker",

@@ -145,31 +145,3 @@ def running_pgbouncer(database_url: str, binary: str) -> Iterator[Bouncer]:
             process.kill()
             process.wait()
         shutil.rmtree(directory, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def serve_app(app: object) -> Iterator[str]:
-    """Serve an ASGI app with uvicorn on a free loopback port, in a thread; yield its URL."""
-    import threading
-
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, log_config=None, access_log=False, timeout_graceful_shutdown=5)
-    )
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 30
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the API did not start")
-            time.sleep(0.02)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        sock.close()

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import httpx
 import psycopg
-from pgbouncer_support import POOL_SIZE, Bouncer, serve_app
+from pgbouncer_support import POOL_SIZE, Bouncer
 from polling import wait_for
 from processes import environment, pgqueue_command, start_worker, stop
 from psycopg import sql
+from serving import serve
 
 from pgqueue import JobSpec, JobState, Queue
 from pgqueue.locks import advisory_key
@@ -61,7 +62,7 @@ def test_worker_and_api_run_jobs_end_to_end_through_pgbouncer(bouncer, schema, t
     api_queue = Queue.connect(bouncer.url, schema=schema, min_size=2, max_size=4, prepare=False)
     app = create_app(ApiSettings(database_url=bouncer.url, schema=schema), queue=api_queue)
     try:
-        with serve_app(app) as base_url, httpx.Client(base_url=base_url, timeout=30) as client:
+        with serve(app) as base_url, httpx.Client(base_url=base_url, timeout=30) as client:
             created = client.post(
                 "/jobs/batch",
                 json={
