@@ -308,6 +308,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=600.0)
     parser.add_argument("--database-url", help="Default: DATABASE_URL, else embedded.")
     parser.add_argument("--results-dir")
+    parser.add_argument(
+        "--only", action="append", default=[], metavar="SYSTEM",
+        help="Run only this system (repeatable), e.g. --only pgqueue --only 'pgqueuer batch 100'.",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     # Absolute but not resolved: a virtualenv's python is a symlink to the base one.
@@ -324,6 +328,11 @@ def main(argv: list[str] | None = None) -> None:
 
     target = database.resolve_target(args.database_url)
     chosen = systems(pythons)
+    if args.only:
+        unknown = set(args.only) - {system.name for system in chosen}
+        if unknown:
+            parser.error(f"no such system: {', '.join(sorted(unknown))}")
+        chosen = [system for system in chosen if system.name in args.only]
     versions: dict[str, Any] = {}
     for system in chosen:
         versions.update(json.loads(system.run("version").strip().splitlines()[-1]))

@@ -35,6 +35,7 @@ class WorkerSettings:
 
     queue: str = "default"
     concurrency: int | None = None
+    prefetch: int | None = None
     lease_seconds: float | None = None
     heartbeat_seconds: float | None = None
     poll_interval: float | None = None
@@ -52,6 +53,7 @@ class WorkerSettings:
         args = ["--queue", self.queue, "--handlers", HANDLERS_SPEC, "--log-format", "json"]
         optional = {
             "--concurrency": self.concurrency,
+            "--prefetch": self.prefetch,
             "--lease-seconds": self.lease_seconds,
             "--heartbeat-seconds": self.heartbeat_seconds,
             "--poll-interval": self.poll_interval,

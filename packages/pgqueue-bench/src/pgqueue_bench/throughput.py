@@ -14,7 +14,7 @@ benchmark slows every mode alike; the summary gives the median, min and max per 
 and worker count, and each mode's speed-up over the ``skip-locked`` baseline.
 
 Three modes: the worker's default (many jobs per claim, batched acks), and two with
-one job per claim (``--concurrency 1``), as in the original design: ``skip-locked``
+one job per claim (``--concurrency 1 --prefetch 0``), as in the original design: ``skip-locked``
 claims with ``FOR UPDATE SKIP LOCKED``, ``for-update`` with a plain ``FOR UPDATE``,
 under which concurrent claimers queue behind each other's row locks. Worker counts go
 from 1 to 32 processes; past the machine's core count they measure contention.
@@ -49,13 +49,13 @@ BASELINE_MODE = "skip-locked"
 
 # Each mode is the ``WorkerSettings`` it changes from the worker's defaults.
 MODES: dict[str, dict[str, Any]] = {
-    # The worker as installed: its default slots, batched claims and acks.
+    # The worker as installed: its default slots and prefetch, batched claims and acks.
     "default": {},
-    # One slot: each transaction acks one job and claims the next, skipping rows
-    # other workers hold...
-    BASELINE_MODE: {"concurrency": 1, "claim_mode": "skip-locked"},
+    # One slot, nothing claimed ahead: each claim takes one job, skipping rows other
+    # workers hold...
+    BASELINE_MODE: {"concurrency": 1, "prefetch": 0, "claim_mode": "skip-locked"},
     # ...or waiting for them: the comparison that shows what SKIP LOCKED buys.
-    "for-update": {"concurrency": 1, "claim_mode": "for-update"},
+    "for-update": {"concurrency": 1, "prefetch": 0, "claim_mode": "for-update"},
 }
 WORKER_COUNTS = (1, 2, 4, 8, 16, 32)
 QUICK_WORKER_COUNTS = (1, 2, 4)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import enum
 import uuid
-from dataclasses import dataclass, fields
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, fields
 from datetime import datetime
+from operator import itemgetter
 from typing import Any
 
 
@@ -58,6 +60,24 @@ class Job:
         values["state"] = JobState(values["state"])
         return cls(**values)
 
+    @classmethod
+    def from_tuples(cls, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[Job]:
+        """Jobs from tuple rows whose column names are ``columns`` (a cursor's
+        description); columns this version does not know are ignored.
+
+        The claim path builds thousands of jobs a second: this skips the frozen
+        dataclass's ``__init__``, which sets every field through ``object.__setattr__``.
+        """
+        pick = itemgetter(*[list(columns).index(name) for name in _JOB_FIELDS])
+        jobs = []
+        for row in rows:
+            job = object.__new__(cls)
+            values = job.__dict__
+            values.update(zip(_JOB_FIELDS, pick(row), strict=True))
+            values["state"] = JobState(values["state"])
+            jobs.append(job)
+        return jobs
+
     def succeeded(self, result: Any, finished_at: datetime) -> Job:
         """This running job as its ack left it: succeeded with ``result``, lease cleared."""
         # A worker acks thousands of jobs a second; dataclasses.replace() re-runs the
@@ -95,6 +115,15 @@ class Lease:
 
     job_id: int
     token: uuid.UUID
+    _hash: int = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # A worker keys its bookkeeping by lease and looks each one up several times
+        # per job; UUID.__hash__ is Python code, so hash once.
+        object.__setattr__(self, "_hash", hash((self.job_id, self.token)))
+
+    def __hash__(self) -> int:
+        return self._hash
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ import json
 from typing import Any
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import JsonbBinaryLoader, JsonbLoader
 
 
@@ -55,10 +55,11 @@ class _TolerantJsonbBinaryLoader(JsonbBinaryLoader):
     _loads = load_json
 
 
-def cursor(conn: psycopg.Connection) -> psycopg.Cursor:
-    """A dict-row cursor on ``conn`` that reads jsonb with :func:`load_json`. The loaders
-    are the cursor's own: the connection, which may be the caller's, is left as it is."""
-    cur = conn.cursor(row_factory=dict_row)
+def cursor(conn: psycopg.Connection, *, tuples: bool = False) -> psycopg.Cursor:
+    """A dict-row cursor (tuple rows with ``tuples=True``) on ``conn`` that reads jsonb
+    with :func:`load_json`. The loaders are the cursor's own: the connection, which may
+    be the caller's, is left as it is."""
+    cur = conn.cursor(row_factory=tuple_row if tuples else dict_row)
     cur.adapters.register_loader("jsonb", _TolerantJsonbLoader)
     cur.adapters.register_loader("jsonb", _TolerantJsonbBinaryLoader)
     return cur

@@ -260,7 +260,7 @@ class Queue:
 
     # -- plumbing ---------------------------------------------------------------
 
-    def _sql(self, name: str, lock: str = "skip-locked") -> psycopg.sql.Composed:
+    def _sql(self, name: str, lock: str = "skip-locked") -> psycopg.sql.SQL:
         return queries.bind(name, self.schema, lock)
 
     @contextmanager
@@ -406,7 +406,11 @@ class Queue:
         params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode)
         if params is None:
             return []
-        jobs = self._refuse_undecodable(_in_claim_order(self._rows("job_claim", params, lock=mode)))
+        with self._connection() as conn:
+            cur = jsonb.cursor(conn, tuples=True)
+            cur.execute(self._sql("job_claim", mode), params)
+            claimed = _claimed_jobs(cur)
+        jobs = self._refuse_undecodable(claimed)
         for job in jobs:
             self._notify("on_start", job=job)
         return jobs
@@ -488,11 +492,11 @@ class Queue:
         storable, unstorable = _split_storable(outcomes)
         params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode)
         ack_rows: list[dict[str, Any]] = []
-        claim_rows: list[dict[str, Any]] = []
+        claimed: list[Job] = []
         if storable or params is not None:
             with self._connection() as conn:
                 ack_cur = jsonb.cursor(conn)
-                claim_cur = jsonb.cursor(conn)
+                claim_cur = jsonb.cursor(conn, tuples=True)
                 with conn.pipeline():
                     if storable:
                         ack_cur.execute(self._sql("job_ack_many"), _ack_params(storable))
@@ -502,9 +506,9 @@ class Queue:
                 if storable:
                     ack_rows = ack_cur.fetchall()
                 if params is not None:
-                    claim_rows = claim_cur.fetchall()
+                    claimed = _claimed_jobs(claim_cur)
         batch = self._settle_acks(storable, ack_rows, unstorable)
-        claimed = self._refuse_undecodable(_in_claim_order(claim_rows))
+        claimed = self._refuse_undecodable(claimed)
         for job in claimed:
             self._notify("on_start", job=job)
         return batch, claimed
@@ -835,9 +839,17 @@ def _retention_rules(
     return rules
 
 
-def _in_claim_order(rows: list[dict[str, Any]]) -> list[Job]:
-    # UPDATE ... RETURNING does not keep the claim CTE's order.
-    return sorted((Job.from_row(r) for r in rows), key=lambda j: (-j.priority, j.run_at, j.id))
+def _claimed_jobs(cur: psycopg.Cursor) -> list[Job]:
+    """The jobs a job_claim just returned on ``cur`` (a tuple-row cursor), in claim
+    order: UPDATE ... RETURNING does not keep the claim CTE's order."""
+    result = cur.pgresult
+    if result is None or not result.nfields:
+        return []
+    # Column names straight from the result: cur.description builds a Column object per
+    # column on every call.
+    columns = [result.fname(i).decode() for i in range(result.nfields)]
+    jobs = Job.from_tuples(columns, cur.fetchall())
+    return sorted(jobs, key=lambda j: (-j.priority, j.run_at, j.id))
 
 
 class _Storable(NamedTuple):
@@ -855,6 +867,9 @@ def _split_storable(
     storable: list[_Storable] = []
     unstorable: list[tuple[Job, str]] = []
     for job, result in outcomes:
+        if result is None:  # most handlers return nothing: no need to serialise it
+            storable.append(_Storable(job, None, "null"))
+            continue
         try:
             storable.append(_Storable(job, result, validation.jsonb_text("result", result)))
         except ValidationError as exc:
@@ -866,10 +881,12 @@ def _ack_params(storable: list[_Storable]) -> dict[str, Any]:
     # In id order, so that any two acks that meet on the same rows lock them in the same
     # order (heartbeats never wait for a row: see job_heartbeat_many).
     ordered = sorted(storable, key=lambda s: s.job.id)
+    # Array literals and one JSON array, as job_ack_many expects: ids and UUIDs need no
+    # quoting, and each result is already valid JSON text.
     return {
-        "ids": [s.job.id for s in ordered],
-        "tokens": [s.job.lease_token for s in ordered],
-        "results": [s.text for s in ordered],
+        "ids": "{" + ",".join([str(s.job.id) for s in ordered]) + "}",
+        "tokens": "{" + ",".join([str(s.job.lease_token) for s in ordered]) + "}",
+        "results": "[" + ",".join([s.text for s in ordered]) + "]",
     }
 
 

@@ -4,6 +4,11 @@ The claim loop hands each claimed job to :meth:`Executor.submit` and hears back
 through the ``on_finished`` callback, from whichever thread ran the handler. The
 executor knows nothing about leases or the database; it runs handlers and reports.
 
+At most ``size`` handlers run at once, plain and ``async`` together. The claim loop may
+submit more than that (jobs claimed ahead, see the worker's prefetch): those wait, in
+claim order, and each starts as soon as a running handler finishes, without a round
+through the claim loop.
+
 A plain function cannot be interrupted from outside, so a handler that overruns its
 timeout keeps its thread until it returns (its outcome is then discarded). Coroutines
 can: :meth:`Executor.cancel` cancels one on the event loop.
@@ -17,11 +22,13 @@ import inspect
 import logging
 import queue
 import threading
+import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgqueue import Job, TaskHandler
+from pgqueue import Job, Lease, TaskHandler
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -30,16 +37,24 @@ log = logging.getLogger("pgqueue.worker")
 class Attempt:
     """One claimed attempt of a job, from dispatch until the worker is done with it.
 
-    Owned by the claim loop: only its thread reads or writes these fields.
+    Owned by the claim loop: only its thread writes these fields, except the ones the
+    executor sets when a slot starts or finishes the handler.
     """
 
     job: Job
+    lease: Lease
+    """The job's lease as claimed: the key of every record the worker keeps of it."""
     handler: TaskHandler
     wants_job: bool
     is_async: bool
     timeout_seconds: float | None
-    deadline: float | None
-    """``time.monotonic()`` after which the attempt counts as timed out, if it has a limit."""
+    started_at: float | None = None
+    """``time.monotonic()`` when a slot started the handler (set by the executor)."""
+    deadline: float | None = None
+    """``time.monotonic()`` after which the attempt counts as timed out, if it has a limit
+    (set by the executor when the handler starts)."""
+    ran_for: float | None = None
+    """Seconds the handler ran (set by the executor when it returns)."""
     returned: bool = False
     """The handler has returned (or raised): its slot is free."""
     abandoned: str | None = None
@@ -54,19 +69,28 @@ class Attempt:
 
 
 FinishedCallback = Callable[[Attempt, Any, BaseException | None], None]
+StartedCallback = Callable[[Attempt], None]
 
 
 class Executor:
     """``size`` threads for plain handlers and, started on first use, one thread running
-    an asyncio event loop for coroutine handlers.
-
-    The caller never submits more attempts than it has free slots; the threads take
-    work from one shared inbox.
+    an asyncio event loop for coroutine handlers, with at most ``size`` handlers running
+    at once. ``on_started`` hears of each attempt with a time limit as its handler
+    starts (its deadline is set then); ``on_finished`` of every attempt as it ends.
     """
 
-    def __init__(self, size: int, on_finished: FinishedCallback) -> None:
+    def __init__(
+        self,
+        size: int,
+        on_finished: FinishedCallback,
+        on_started: StartedCallback | None = None,
+    ) -> None:
         self.size = size
         self._on_finished = on_finished
+        self._on_started = on_started
+        self._lock = threading.Lock()
+        self._running = 0
+        self._waiting: deque[Attempt] = deque()
         self._inbox: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -83,8 +107,53 @@ class Executor:
             thread.start()
             self._threads.append(thread)
 
+    @property
+    def waiting(self) -> int:
+        """Attempts submitted that no slot has started yet."""
+        return len(self._waiting)
+
     def submit(self, attempt: Attempt) -> None:
-        """Run ``attempt``'s handler in a free slot."""
+        """Run ``attempt``'s handler in a free slot, or as soon as one frees up."""
+        with self._lock:
+            if self._running >= self.size:
+                self._waiting.append(attempt)
+                return
+            self._running += 1
+        self._start(attempt)
+
+    def cancel(self, attempt: Attempt) -> None:
+        """Cancel an attempt: one still waiting for a slot is reported at once as
+        cancelled, a coroutine handler is cancelled, and a plain function runs on until
+        it returns."""
+        with self._lock:
+            try:
+                self._waiting.remove(attempt)
+            except ValueError:
+                waited = False
+            else:
+                waited = True
+        if waited:
+            self._report(attempt, None, asyncio.CancelledError())
+        elif attempt.future is not None:
+            attempt.future.cancel()
+
+    def shutdown(self) -> None:
+        """Let idle slot threads exit and stop the event loop; running handlers are not
+        waited for (the worker decides how long to wait before calling this), and
+        attempts still waiting for a slot are dropped."""
+        with self._lock:
+            self._waiting.clear()
+        for _ in self._threads:
+            self._inbox.put(None)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def _start(self, attempt: Attempt) -> None:
+        attempt.started_at = time.monotonic()
+        if attempt.timeout_seconds:
+            attempt.deadline = attempt.started_at + attempt.timeout_seconds
+            if self._on_started is not None:
+                self._on_started(attempt)
         if attempt.is_async:
             loop = self._event_loop()
             attempt.future = asyncio.run_coroutine_threadsafe(self._run_coroutine(attempt), loop)
@@ -92,18 +161,14 @@ class Executor:
         else:
             self._inbox.put(attempt)
 
-    def cancel(self, attempt: Attempt) -> None:
-        """Cancel a coroutine handler (a plain function runs on until it returns)."""
-        if attempt.future is not None:
-            attempt.future.cancel()
-
-    def shutdown(self) -> None:
-        """Let idle slot threads exit and stop the event loop; running handlers are not
-        waited for (the worker decides how long to wait before calling this)."""
-        for _ in self._threads:
-            self._inbox.put(None)
-        if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._loop.stop)
+    def _slot_freed(self) -> None:
+        """A handler returned: start the next waiting attempt in its slot, if any."""
+        with self._lock:
+            if not self._waiting:
+                self._running -= 1
+                return
+            attempt = self._waiting.popleft()
+        self._start(attempt)
 
     # -- plain functions ----------------------------------------------------------
 
@@ -156,6 +221,9 @@ class Executor:
         self._report(attempt, None if error else future.result(), error)
 
     def _report(self, attempt: Attempt, result: Any, error: BaseException | None) -> None:
+        if attempt.started_at is not None:
+            attempt.ran_for = time.monotonic() - attempt.started_at
+            self._slot_freed()
         try:
             self._on_finished(attempt, result, error)
         except Exception:

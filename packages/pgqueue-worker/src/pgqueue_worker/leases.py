@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from pgqueue import Job, Lease
+from pgqueue import Lease
 
 
 class LeaseSet:
@@ -15,20 +15,19 @@ class LeaseSet:
         self._lock = threading.Lock()
         self._leases: dict[int, Lease] = {}
 
-    def add(self, job: Job) -> None:
-        """Hold ``job``'s lease."""
-        assert job.lease_token is not None, "only a claimed job has a lease"
+    def add(self, leases: list[Lease]) -> None:
+        """Hold ``leases``."""
         with self._lock:
-            self._leases[job.id] = Lease(job.id, job.lease_token)
+            for lease in leases:
+                self._leases[lease.job_id] = lease
 
-    def release(self, lease: Lease) -> bool:
-        """Stop holding ``lease``; False if it was not held (already released, or the
+    def release(self, leases: list[Lease]) -> None:
+        """Stop holding ``leases``, skipping those not held (already released, or the
         job has been claimed again since under a new token)."""
         with self._lock:
-            if self._leases.get(lease.job_id) != lease:
-                return False
-            del self._leases[lease.job_id]
-            return True
+            for lease in leases:
+                if self._leases.get(lease.job_id) == lease:
+                    del self._leases[lease.job_id]
 
     def holds(self, lease: Lease) -> bool:
         """True while ``lease`` is held."""

@@ -13,6 +13,8 @@ import random
 import threading
 import time
 
+from pgqueue import Queue
+
 log = logging.getLogger("pgqueue.worker")
 
 MAX_BACKOFF_SECONDS = 10.0
@@ -83,3 +85,13 @@ def _describe(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     # DatabaseUnavailable already says so; anything else gets the same prefix.
     return text if text.startswith("database unavailable") else f"database unavailable: {text}"
+
+
+def discard_broken_connections(queue: Queue) -> None:
+    """After a connection error, test the pool's idle connections and replace the dead
+    ones now, rather than have each later call find one (after a server restart, every
+    pooled connection is dead)."""
+    try:
+        queue.pool.check()
+    except Exception:
+        log.debug("checking the pool's connections failed", exc_info=True)

@@ -1,14 +1,16 @@
 """The worker: one claim loop feeding N handler slots, with every job under a lease.
 
-The claim loop is the only thread that changes job state for this worker. Each round
-it writes the outcomes of the handlers that finished and claims as many jobs as it has
-free slots, acks and claim together in one transaction when it can
-(``Queue.ack_and_claim``): on a busy queue that is one commit per batch of jobs.
+The claim loop owns this worker's bookkeeping: which leases it holds, which attempts
+run, which outcomes wait to be written. Each round it hands the outcomes of the
+handlers that finished to the outcome writer and claims as many jobs as it has free
+slots. The writer writes them on a thread of its own, a batch at a time, so on a busy
+queue claims and acks overlap instead of taking turns: one claim statement and one
+ack statement per batch of jobs, each committed while the other side works.
 
-Around it run three helpers, each on a thread of its own: the heartbeat (one
-statement per interval extends every lease this worker holds, on a connection of its
-own), the reaper (puts expired leases back, at most one worker at a time), and the
-listener (LISTEN/NOTIFY wake-ups, polling as the fallback).
+Around it run four helpers, each on a thread of its own: the outcome writer, the
+heartbeat (one statement per interval extends every lease this worker holds, on a
+connection of its own), the reaper (puts expired leases back, at most one worker at a
+time), and the listener (LISTEN/NOTIFY wake-ups, polling as the fallback).
 
 Delivery is at least once. An outcome is written only under the lease it was claimed
 with, so a worker that lost its lease (cancelled, or reaped after a stall) can never
@@ -25,10 +27,10 @@ import queue as queue_module
 import time
 from collections import Counter
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
-from pgqueue import DatabaseUnavailable, Job, Lease, LeaseLost, Queue, TaskHandler, ValidationError
+from pgqueue import DatabaseUnavailable, Job, Lease, Queue, TaskHandler, ValidationError
 from pgqueue.queue import CLAIM_MODES, default_worker_id
 from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE, notify_channel
 from pgqueue_worker import connections
@@ -36,7 +38,8 @@ from pgqueue_worker.executor import Attempt, Executor
 from pgqueue_worker.handlers import HandlerLike, as_task_handlers
 from pgqueue_worker.heartbeat import Heartbeat
 from pgqueue_worker.leases import LeaseSet
-from pgqueue_worker.outage import Backoff, DatabaseHealth
+from pgqueue_worker.outage import Backoff, DatabaseHealth, discard_broken_connections
+from pgqueue_worker.outcomes import Outcome, OutcomeWriter, WriteReport
 from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Pruner, Retention
 from pgqueue_worker.reaper import Reaper
 from pgqueue_worker.wakeup import Listener, WakeSignal
@@ -44,6 +47,14 @@ from pgqueue_worker.wakeup import Listener, WakeSignal
 log = logging.getLogger("pgqueue.worker")
 
 DEFAULT_CONCURRENCY = 32
+# Jobs claimed ahead of free slots, at most (see Worker._claim_limit).
+DEFAULT_PREFETCH = 512
+# Claim ahead only as many jobs as the slots are expected to start within this long,
+# judging by how long handlers have been running: a job claimed ahead waits about
+# this long at most, so prefetch helps jobs of microseconds and leaves long ones alone.
+PREFETCH_HORIZON_SECONDS = 0.1
+# Weight of the latest handler's run time in the running average that judges it.
+RUN_TIME_WEIGHT = 0.1
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_REAP_INTERVAL = 5.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
@@ -56,15 +67,6 @@ RECHECK_SECONDS = 0.01
 HELPER_STOP_SECONDS = 5.0
 
 
-@dataclass
-class _Outcome:
-    """A finished attempt's outcome, waiting to be written: a result, or an error."""
-
-    attempt: Attempt
-    result: Any = None
-    error: BaseException | str | None = None
-
-
 class Worker:
     """Runs the handlers of ``handlers`` on jobs claimed from ``queue``.
 
@@ -72,8 +74,13 @@ class Worker:
     the worker claims only those tasks. Lifecycle hooks are the queue's: build it with
     ``Queue(..., hooks=LifecycleHooks(pm))`` to run plugins' hooks.
 
+    At most ``concurrency`` handlers run at once. While handlers are short, the worker
+    also claims up to ``prefetch`` jobs ahead of its free slots (see
+    :meth:`_claim_limit`); ``prefetch=0`` claims only for free slots.
+
     ``run()`` blocks until :meth:`stop` is called (from any thread, or a signal
-    handler), or, with ``burst=True``, until no job it could claim is runnable.
+    handler), or, with ``burst=True``, until no job it could claim is runnable. Jobs
+    already claimed ahead still run before it returns.
     """
 
     def __init__(
@@ -83,6 +90,7 @@ class Worker:
         *,
         queues: Collection[str] = (DEFAULT_QUEUE,),
         concurrency: int = DEFAULT_CONCURRENCY,
+        prefetch: int = DEFAULT_PREFETCH,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         heartbeat_seconds: float | None = None,
         poll_interval: float = DEFAULT_POLL_INTERVAL,
@@ -106,6 +114,8 @@ class Worker:
             raise ValidationError("queues", "a worker serves at least one queue")
         if concurrency < 1:
             raise ValidationError("concurrency", "must be at least 1")
+        if prefetch < 0:
+            raise ValidationError("prefetch", "must not be negative (0 turns it off)")
         _positive("lease_seconds", lease_seconds)
         heartbeat_seconds = lease_seconds / 3 if heartbeat_seconds is None else heartbeat_seconds
         _positive("heartbeat_seconds", heartbeat_seconds)
@@ -120,6 +130,7 @@ class Worker:
         if prune_interval < 0:
             raise ValidationError("prune_interval", "must not be negative (0 turns pruning off)")
         self.concurrency = concurrency
+        self.prefetch = prefetch
         self.lease_seconds = lease_seconds
         self.heartbeat_seconds = heartbeat_seconds
         self.poll_interval = poll_interval
@@ -150,15 +161,20 @@ class Worker:
             queue_module.SimpleQueue()
         )
         self._lost: queue_module.SimpleQueue[list[Lease]] = queue_module.SimpleQueue()
+        self._reports: queue_module.SimpleQueue[WriteReport] = queue_module.SimpleQueue()
         self._stop_requested = False
         self._claim_due = True  # set by notifications too: a plain flag, read each round
 
         self._health = DatabaseHealth()
         self._leases = LeaseSet()
         self._attempts: dict[Lease, Attempt] = {}
-        self._pending: dict[Lease, _Outcome] = {}
+        # Outcomes not yet written, by lease; the unsent ones are also in _unsent until
+        # the next round hands them to the writer.
+        self._pending: dict[Lease, Outcome] = {}
+        self._unsent: list[Outcome] = []
         self._busy = 0
-        self._timed = 0  # attempts in _attempts with a deadline
+        self._timed = 0  # attempts in _attempts with a time limit
+        self._typical_run: float | None = None  # seconds, a running average
         self._last_claim_at = -math.inf
         self._next_run_at: float | None = None
         self._recheck_delay = 0.0
@@ -175,7 +191,8 @@ class Worker:
 
     @property
     def running_jobs(self) -> int:
-        """Handlers running right now."""
+        """Attempts whose handler has not returned yet: those running, and those
+        claimed ahead and waiting for a slot."""
         return self._busy
 
     def run(self) -> bool:
@@ -185,7 +202,8 @@ class Worker:
         if self._started:
             raise RuntimeError("a Worker runs once; create a new one")
         self._started = True
-        executor = Executor(self.concurrency, self._handler_finished)
+        executor = Executor(self.concurrency, self._handler_finished, self._handler_started)
+        writer = OutcomeWriter(self.queue, health=self._health, on_written=self._outcomes_written)
         heartbeat_queue = connections.sibling_queue(self.queue, connections.HEARTBEAT)
         heartbeat = Heartbeat(
             heartbeat_queue,
@@ -218,6 +236,7 @@ class Worker:
                 self.retention.describe(),
             )
         executor.start()
+        writer.start()
         heartbeat.start()
         reaper.start()
         if pruner is not None:
@@ -225,9 +244,9 @@ class Worker:
         if listener is not None:
             listener.start()
         try:
-            return self._serve(executor)
+            return self._serve(executor, writer)
         finally:
-            helpers = [h for h in (listener, pruner, reaper, heartbeat) if h is not None]
+            helpers = [h for h in (listener, pruner, reaper, heartbeat, writer) if h is not None]
             # Tell them all first, then wait: one stuck in a call to a dead server must
             # not hold up the others' stopping.
             for helper in helpers:
@@ -239,7 +258,7 @@ class Worker:
 
     # -- the claim loop -------------------------------------------------------------
 
-    def _serve(self, executor: Executor) -> bool:
+    def _serve(self, executor: Executor, writer: OutcomeWriter) -> bool:
         backoff = Backoff()
         retry_at = 0.0  # during an outage, no database call before this (monotonic)
         stop_deadline: float | None = None
@@ -275,11 +294,11 @@ class Worker:
 
             if now >= retry_at:
                 try:
-                    claimed = self._write_and_claim(executor, now)
+                    claimed = self._write_and_claim(executor, writer, now)
                 except DatabaseUnavailable as exc:
                     self.counts["database_errors"] += 1
                     self._health.failed("claim loop", exc)
-                    self._discard_broken_connections()
+                    discard_broken_connections(self.queue)
                     retry_at = time.monotonic() + backoff.next()
                     claimed = None
                 except Exception:
@@ -304,6 +323,13 @@ class Worker:
                 break
             attempt.returned = True
             self._busy -= 1
+            if attempt.ran_for is not None:
+                typical = self._typical_run
+                self._typical_run = (
+                    attempt.ran_for
+                    if typical is None
+                    else typical + RUN_TIME_WEIGHT * (attempt.ran_for - typical)
+                )
             if attempt.abandoned is not None:
                 log.info(
                     "job %s attempt %s returned after it was %s; outcome discarded",
@@ -323,7 +349,7 @@ class Worker:
                     exc_info=error,
                     extra=_job_fields(attempt.job),
                 )
-            self._pending[_lease(attempt.job)] = _Outcome(attempt, result, error)
+            self._wait_to_write(Outcome(attempt, result, error))
 
         while True:
             try:
@@ -333,7 +359,14 @@ class Worker:
             for lease in lost:
                 self._lease_lost(executor, lease, "reported lost by the heartbeat")
 
-        for lease, attempt in list(self._timed_attempts()):
+        while True:
+            try:
+                report = self._reports.get_nowait()
+            except queue_module.Empty:
+                break
+            self._take_in(report)
+
+        for _, attempt in list(self._timed_attempts()):
             if (
                 attempt.deadline is not None
                 and now >= attempt.deadline
@@ -342,64 +375,40 @@ class Worker:
             ):
                 attempt.abandoned = f"timed out after {attempt.timeout_seconds:g} s"
                 self.counts["timed_out"] += 1
-                self._pending[lease] = _Outcome(attempt, error=attempt.abandoned)
+                self._wait_to_write(Outcome(attempt, error=attempt.abandoned))
                 executor.cancel(attempt)
 
-    def _write_and_claim(self, executor: Executor, now: float) -> int | None:
-        """Write pending outcomes and, with free slots and reason to, claim more.
-        Returns how many jobs were claimed, or None when no claim was made."""
-        for lease, outcome in list(self._pending.items()):
-            if outcome.error is None:
-                continue
-            try:
-                self.queue.fail(outcome.attempt.job, outcome.error)
-                self.counts["failed"] += 1
-            except LeaseLost:
-                self._discarded(
-                    outcome.attempt, "its lease was lost before the failure was written"
-                )
-            self._health.succeeded()
-            self._written(lease)
+    def _write_and_claim(self, executor: Executor, writer: OutcomeWriter, now: float) -> int | None:
+        """Hand the outcomes waiting to be written to the writer and, with free slots and
+        reason to, claim more. Returns how many jobs were claimed, or None when no claim
+        was made."""
+        if self._unsent:
+            # Skipping any whose lease the heartbeat found lost since.
+            sending = [o for o in self._unsent if self._pending.get(o.lease) is o]
+            for outcome in sending:
+                outcome.sent = True
+            writer.submit(sending)
+            self._unsent = []
 
-        acks = list(self._pending.values())
-        free = self.concurrency - self._busy
-        if self._should_claim(now, free):
-            # Taken down before the claim: a notification that arrives meanwhile sets it
-            # again, so a job committed just after the claim's snapshot is not missed.
-            self._claim_due = False
-            self._last_claim_at = now
-            self._next_run_at = None
-            batch, jobs = self.queue.ack_and_claim(
-                [(o.attempt.job, o.result) for o in acks],
-                self.queues,
-                self.tasks,
-                free,
-                lease_seconds=self.lease_seconds,
-                worker_id=self.worker_id,
-                mode=self.claim_mode,
-            )
-        elif acks:
-            batch = self.queue.ack_many([(o.attempt.job, o.result) for o in acks])
-            jobs = None
-        else:
+        free = self._claim_limit()
+        if not self._should_claim(now, free):
             return None
+        # Taken down before the claim: a notification that arrives meanwhile sets it
+        # again, so a job committed just after the claim's snapshot is not missed.
+        self._claim_due = False
+        self._last_claim_at = now
+        self._next_run_at = None
+        jobs = self.queue.claim(
+            self.queues,
+            self.tasks,
+            free,
+            lease_seconds=self.lease_seconds,
+            worker_id=self.worker_id,
+            mode=self.claim_mode,
+        )
         self._health.succeeded()
 
-        # By lease, not job id: a batch may hold a stale attempt's outcome beside the one
-        # of the attempt that re-claimed the job (after a cancel and retry, or a reap).
-        lost = set(batch.lost_leases)
-        self.counts["succeeded"] += len(batch.succeeded)
-        self.counts["failed"] += len(batch.failed)
-        for outcome in acks:
-            lease = _lease(outcome.attempt.job)
-            if lease in lost:
-                self._discarded(outcome.attempt, "its lease was lost before the ack was written")
-            self._written(lease)
-
-        if jobs is None:
-            return None
-        for job in jobs:
-            self._dispatch(executor, job, now)
+        self._dispatch(executor, jobs)
         if len(jobs) == free:
             self._claim_due = True  # there may be more
             self._recheck_delay = 0.0
@@ -419,6 +428,21 @@ class Worker:
                 self._next_run_at = time.monotonic() + seconds
         return len(jobs)
 
+    def _claim_limit(self) -> int:
+        """How many jobs to claim now: one per free slot, and up to ``prefetch`` more,
+        as many as the slots are expected to start within PREFETCH_HORIZON_SECONDS.
+
+        Claiming ahead is what makes short jobs cheap: every claim statement, ack
+        statement and commit has a cost of its own, paid once per batch, and a batch
+        can be no larger than what the worker claims at once. A job claimed ahead waits
+        in the executor for a slot, under its lease like any other.
+        """
+        ahead = 0
+        if self.prefetch and self._typical_run is not None:
+            expected = self.concurrency * PREFETCH_HORIZON_SECONDS / max(self._typical_run, 1e-6)
+            ahead = min(self.prefetch, int(expected))
+        return self.concurrency + ahead - self._busy
+
     def _should_claim(self, now: float, free: int) -> bool:
         if self._stop_requested or free < 1:
             return False
@@ -429,23 +453,28 @@ class Worker:
         # In burst mode an idle worker looks once more before it concludes it is done.
         return self.burst and self._busy == 0
 
-    def _dispatch(self, executor: Executor, job: Job, now: float) -> None:
-        handler = self.handlers[job.task]
-        timeout = job.timeout_seconds or handler.timeout_seconds
-        attempt = Attempt(
-            job=job,
-            handler=handler,
-            wants_job=self._wants_job[job.task],
-            is_async=self._is_async[job.task],
-            timeout_seconds=timeout,
-            deadline=now + timeout if timeout else None,
-        )
-        self._attempts[_lease(job)] = attempt
-        if attempt.deadline is not None:
-            self._timed += 1
-        self._leases.add(job)
-        self._busy += 1
-        executor.submit(attempt)
+    def _dispatch(self, executor: Executor, jobs: list[Job]) -> None:
+        attempts = []
+        for job in jobs:
+            handler = self.handlers[job.task]
+            timeout = job.timeout_seconds or handler.timeout_seconds
+            attempt = Attempt(
+                job=job,
+                lease=_lease(job),
+                handler=handler,
+                wants_job=self._wants_job[job.task],
+                is_async=self._is_async[job.task],
+                timeout_seconds=timeout,
+            )
+            self._attempts[attempt.lease] = attempt
+            if timeout:
+                self._timed += 1
+            attempts.append(attempt)
+        # Held before any handler runs, so that the heartbeat covers every claimed job.
+        self._leases.add([attempt.lease for attempt in attempts])
+        self._busy += len(attempts)
+        for attempt in attempts:
+            executor.submit(attempt)
 
     def _sleep_seconds(self, now: float, retry_at: float, stop_deadline: float | None) -> float:
         """How long the claim loop may sleep before something needs it (other threads
@@ -457,52 +486,67 @@ class Worker:
             wake_at.append(retry_at)
         if stop_deadline is not None:
             wake_at.append(stop_deadline)
-        elif self._busy < self.concurrency:
+        elif self._claim_limit() > 0:
             wake_at.append(max(retry_at, self._last_claim_at + self.poll_interval))
             if self._next_run_at is not None:
                 wake_at.append(max(retry_at, self._next_run_at))
         for _, attempt in self._timed_attempts():
-            if attempt.abandoned is None and not attempt.returned:
+            # An attempt waiting for a slot has no deadline yet: its start wakes the loop.
+            if attempt.deadline is not None and attempt.abandoned is None and not attempt.returned:
                 wake_at.append(attempt.deadline)
         return max(0.0, min(wake_at) - now)
 
     # -- bookkeeping ------------------------------------------------------------------
 
-    def _written(self, lease: Lease) -> None:
-        """The outcome under ``lease`` is written (or discarded): stop holding the lease."""
-        outcome = self._pending.pop(lease, None)
-        self._leases.release(lease)
-        if outcome is not None:
-            self._forget_if_done(outcome.attempt)
+    def _wait_to_write(self, outcome: Outcome) -> None:
+        self._pending[outcome.lease] = outcome
+        self._unsent.append(outcome)
 
-    def _discard_broken_connections(self) -> None:
-        """After a connection error, test the pool's idle connections and replace the
-        dead ones now, rather than have the reaper and the next rounds each find one
-        (after a server restart, every pooled connection is dead)."""
-        try:
-            self.queue.pool.check()
-        except Exception:
-            log.debug("checking the pool's connections failed", exc_info=True)
+    def _take_in(self, report: WriteReport) -> None:
+        """Settle what the writer wrote: count it and stop holding its leases."""
+        self.counts["succeeded"] += len(report.acked)
+        self.counts["failed"] += len(report.failed)
+        if report.database_errors:
+            self.counts["database_errors"] += report.database_errors
+        for outcome in report.lost:
+            # Unless the heartbeat found the lease lost first, and it was counted then.
+            if self._pending.get(outcome.lease) is outcome:
+                self._discarded(
+                    outcome.attempt, "its lease was lost before its outcome was written"
+                )
+        settled = []
+        for outcome in chain(report.acked, report.failed, report.lost):
+            lease = outcome.lease
+            if self._pending.get(lease) is outcome:
+                del self._pending[lease]
+                settled.append(lease)
+                self._forget_if_done(outcome.attempt)
+        self._leases.release(settled)
 
     def _timed_attempts(self) -> list[tuple[Lease, Attempt]]:
         """The attempts with a time limit (most jobs have none: skip the scan)."""
         if not self._timed:
             return []
-        return [(lease, a) for lease, a in self._attempts.items() if a.deadline is not None]
+        return [(lease, a) for lease, a in self._attempts.items() if a.timeout_seconds]
 
     def _forget_if_done(self, attempt: Attempt) -> None:
-        lease = _lease(attempt.job)
+        lease = attempt.lease
         if attempt.returned and lease not in self._pending and lease in self._attempts:
             del self._attempts[lease]
-            if attempt.deadline is not None:
+            if attempt.timeout_seconds:
                 self._timed -= 1
 
     def _lease_lost(self, executor: Executor, lease: Lease, how: str) -> None:
         attempt = self._attempts.get(lease)
         if attempt is None or not self._leases.holds(lease):
             return  # its outcome was written meanwhile: the heartbeat raced the ack
+        outcome = self._pending.get(lease)
+        if outcome is not None and outcome.sent:
+            # Being written: the heartbeat may have seen the ack commit before the writer
+            # reported it. The write is guarded by the lease, so its report settles it.
+            return
         self._pending.pop(lease, None)
-        self._leases.release(lease)
+        self._leases.release([lease])
         if not attempt.returned and attempt.abandoned is None:
             attempt.abandoned = "lost its lease"
             executor.cancel(attempt)
@@ -521,8 +565,16 @@ class Worker:
 
     # -- called from other threads ----------------------------------------------------
 
+    def _handler_started(self, attempt: Attempt) -> None:
+        """A handler with a time limit started: the loop must wake at its deadline."""
+        self._poke()
+
     def _handler_finished(self, attempt: Attempt, result: Any, error: BaseException | None) -> None:
         self._finished.put((attempt, result, error))
+        self._poke()
+
+    def _outcomes_written(self, report: WriteReport) -> None:
+        self._reports.put(report)
         self._poke()
 
     def _leases_lost(self, leases: list[Lease]) -> None:

@@ -1,0 +1,160 @@
+"""Writing the outcomes of finished attempts, on a thread of its own.
+
+The claim loop hands each finished attempt's outcome here and goes straight on to
+claim the next jobs: while PostgreSQL commits one batch of acks, the loop is already
+turning the next claim into running handlers. Outcomes that finish while a batch is
+being written form the next batch, so a busy worker writes large batches and an idle
+one writes each outcome at once.
+
+Successes are written together in one statement (``Queue.ack_many``), failures one at
+a time (``Queue.fail``, which computes each one's backoff). Every write is guarded by
+the attempt's lease token, so an outcome whose lease was lost meanwhile (cancelled, or
+reaped after a stall) is refused by the database and reported back as lost. While the
+database is unavailable the writer keeps the batch and retries it with backoff; if
+the worker stops or dies first, the leases expire and the jobs run again.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pgqueue import DatabaseUnavailable, Lease, LeaseLost, Queue
+from pgqueue_worker.executor import Attempt
+from pgqueue_worker.outage import Backoff, DatabaseHealth, discard_broken_connections
+
+log = logging.getLogger("pgqueue.worker")
+
+
+@dataclass(eq=False)
+class Outcome:
+    """A finished attempt's outcome, waiting to be written: a result, or an error."""
+
+    attempt: Attempt
+    result: Any = None
+    error: BaseException | str | None = None
+    sent: bool = False
+    """Handed to the writer: only its report settles the outcome now (owned by the
+    claim loop, like the attempt)."""
+
+    @property
+    def lease(self) -> Lease:
+        """The lease the attempt was claimed under, which guards the write."""
+        return self.attempt.lease
+
+
+@dataclass
+class WriteReport:
+    """What one round of writing settled, for the claim loop to take in."""
+
+    acked: list[Outcome] = field(default_factory=list)
+    failed: list[Outcome] = field(default_factory=list)
+    """Written as failed attempts: errors, and results the database could not store."""
+    lost: list[Outcome] = field(default_factory=list)
+    """Refused: the lease had been lost before the outcome was written."""
+    database_errors: int = 0
+    """Tries refused by an unavailable database since the previous report."""
+
+
+class OutcomeWriter:
+    """Writes the outcomes given to :meth:`submit` through ``queue`` and reports each
+    round to ``on_written``, from its own thread. ``queue``'s lifecycle hooks
+    (``on_success``, ``on_fail``, ``on_dead``) therefore run on this thread."""
+
+    name = "outcome writer"
+
+    def __init__(
+        self,
+        queue: Queue,
+        *,
+        health: DatabaseHealth,
+        on_written: Callable[[WriteReport], None],
+    ) -> None:
+        self.queue = queue
+        self.health = health
+        self.on_written = on_written
+        self._waiting: list[Outcome] = []
+        self._changed = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="pgqueue-outcomes", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def submit(self, outcomes: list[Outcome]) -> None:
+        """Write ``outcomes`` with the next batch."""
+        with self._changed:
+            self._waiting.extend(outcomes)
+            self._changed.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the write in progress, if any, and wait up to ``timeout`` seconds
+        for the thread. Outcomes not yet written are left to their leases."""
+        with self._changed:
+            self._stopping = True
+            self._changed.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        backoff = Backoff()
+        report = WriteReport()
+        while True:
+            with self._changed:
+                while not self._waiting and not self._stopping:
+                    self._changed.wait()
+                if self._stopping:
+                    break
+                batch, self._waiting = self._waiting, []
+            while batch:
+                try:
+                    self._write(batch, report)
+                except DatabaseUnavailable as exc:
+                    report.database_errors += 1
+                    self.health.failed(self.name, exc)
+                    discard_broken_connections(self.queue)
+                except Exception:
+                    report.database_errors += 1
+                    log.exception("writing %d outcomes failed; retrying with backoff", len(batch))
+                else:
+                    backoff.reset()
+                    self.health.succeeded()
+                    break
+                with self._changed:
+                    if self._changed.wait_for(lambda: self._stopping, backoff.next()):
+                        break
+            self.on_written(report)
+            report = WriteReport()
+        if report.database_errors:
+            self.on_written(report)
+
+    def _write(self, batch: list[Outcome], report: WriteReport) -> None:
+        """Write ``batch``, failures first, one by one, then every success in one
+        statement, adding each settled outcome to ``report`` and taking it out of
+        ``batch``: if the database fails midway, a retry writes only what is left."""
+        for outcome in [o for o in batch if o.error is not None]:
+            try:
+                self.queue.fail(outcome.attempt.job, outcome.error)
+            except LeaseLost:
+                report.lost.append(outcome)
+            else:
+                report.failed.append(outcome)
+            batch.remove(outcome)
+        if not batch:
+            return
+        acked = self.queue.ack_many([(o.attempt.job, o.result) for o in batch])
+        lost = set(acked.lost_leases)
+        # A result the database cannot store was recorded as a failed attempt instead.
+        unstored = {job.id for job in acked.failed}
+        for outcome in batch:
+            if outcome.lease in lost:
+                report.lost.append(outcome)
+            elif outcome.attempt.job.id in unstored:
+                report.failed.append(outcome)
+            else:
+                report.acked.append(outcome)
+        batch.clear()
