@@ -149,11 +149,8 @@ class Executor:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
     def _start(self, attempt: Attempt) -> None:
-        attempt.started_at = time.monotonic()
-        if attempt.timeout_seconds:
-            attempt.deadline = attempt.started_at + attempt.timeout_seconds
-            if self._on_started is not None:
-                self._on_started(attempt)
+        """Start ``attempt`` in a slot already counted as running."""
+        self._mark_started(attempt)
         if attempt.is_async:
             loop = self._event_loop()
             attempt.future = asyncio.run_coroutine_threadsafe(self._run_coroutine(attempt), loop)
@@ -161,22 +158,27 @@ class Executor:
         else:
             self._inbox.put(attempt)
 
-    def _slot_freed(self) -> None:
-        """A handler returned: start the next waiting attempt in its slot, if any."""
+    def _mark_started(self, attempt: Attempt) -> None:
+        attempt.started_at = time.monotonic()
+        if attempt.timeout_seconds:
+            attempt.deadline = attempt.started_at + attempt.timeout_seconds
+            if self._on_started is not None:
+                self._on_started(attempt)
+
+    def _next_in_freed_slot(self) -> Attempt | None:
+        """A handler returned: the waiting attempt to run in its slot, if any (the slot
+        stays counted as running), else None (and the slot is free)."""
         with self._lock:
-            if not self._waiting:
-                self._running -= 1
-                return
-            attempt = self._waiting.popleft()
-        self._start(attempt)
+            if self._waiting:
+                return self._waiting.popleft()
+            self._running -= 1
+            return None
 
     # -- plain functions ----------------------------------------------------------
 
     def _serve(self) -> None:
-        while True:
-            attempt = self._inbox.get()
-            if attempt is None:
-                return
+        attempt = self._inbox.get()
+        while attempt is not None:
             try:
                 result = attempt.call()
                 if inspect.isawaitable(result):
@@ -186,9 +188,18 @@ class Executor:
                         _awaited(result), self._event_loop()
                     ).result()
             except BaseException as exc:  # whatever a handler raises is its attempt's failure
-                self._report(attempt, None, exc)
+                following = self._report(attempt, None, exc)
             else:
-                self._report(attempt, result, None)
+                following = self._report(attempt, result, None)
+            # A plain function waiting for a slot runs on this thread at once: handing it
+            # to an idle thread would cost a thread switch per job.
+            if following is not None and not following.is_async:
+                self._mark_started(following)
+                attempt = following
+                continue
+            if following is not None:
+                self._start(following)
+            attempt = self._inbox.get()
 
     # -- coroutines ---------------------------------------------------------------
 
@@ -215,19 +226,25 @@ class Executor:
 
     def _report_future(self, attempt: Attempt, future: concurrent.futures.Future[Any]) -> None:
         if future.cancelled():
-            self._report(attempt, None, asyncio.CancelledError())
-            return
-        error = future.exception()
-        self._report(attempt, None if error else future.result(), error)
+            following = self._report(attempt, None, asyncio.CancelledError())
+        else:
+            error = future.exception()
+            following = self._report(attempt, None if error else future.result(), error)
+        if following is not None:
+            self._start(following)
 
-    def _report(self, attempt: Attempt, result: Any, error: BaseException | None) -> None:
+    def _report(self, attempt: Attempt, result: Any, error: BaseException | None) -> Attempt | None:
+        """Report ``attempt``'s end; for one that ran in a slot, return the waiting
+        attempt the caller must start in that slot, if any."""
+        following = None
         if attempt.started_at is not None:
             attempt.ran_for = time.monotonic() - attempt.started_at
-            self._slot_freed()
+            following = self._next_in_freed_slot()
         try:
             self._on_finished(attempt, result, error)
         except Exception:
             log.exception("could not report the outcome of job %s", attempt.job.id)
+        return following
 
 
 async def _awaited(awaitable: Any) -> Any:

@@ -436,12 +436,19 @@ class Worker:
         statement and commit has a cost of its own, paid once per batch, and a batch
         can be no larger than what the worker claims at once. A job claimed ahead waits
         in the executor for a slot, under its lease like any other.
+
+        While every slot is busy, this is 0 until room for half of those jobs claimed
+        ahead has opened up: the worker then tops up in a few large claims, instead of
+        one small claim per handler that returns.
         """
         ahead = 0
         if self.prefetch and self._typical_run is not None:
             expected = self.concurrency * PREFETCH_HORIZON_SECONDS / max(self._typical_run, 1e-6)
             ahead = min(self.prefetch, int(expected))
-        return self.concurrency + ahead - self._busy
+        room = self.concurrency + ahead - self._busy
+        if self._busy >= self.concurrency and room < ahead // 2:
+            return 0
+        return room
 
     def _should_claim(self, now: float, free: int) -> bool:
         if self._stop_requested or free < 1:
