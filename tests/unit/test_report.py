@@ -1,4 +1,5 @@
-"""The README's generated fault-injection table, from a small hand-built faults document."""
+"""The README's generated sections, from small hand-built documents: the fault-injection
+table, and the throughput section's reading of FOR UPDATE against SKIP LOCKED."""
 
 from __future__ import annotations
 
@@ -191,3 +192,24 @@ def test_has_figures_counts_runs_or_scenarios():
     assert not report.has_figures({"postgresql": {"18": {"scenarios": {}}}})
     assert not report.has_figures({"runs": []})
     assert not report.has_figures(None)
+
+
+def _throughput(skip_locked: float, for_update: float) -> dict:
+    runs = [
+        {"mode": mode, "workers": workers, "jobs_per_second": rate}
+        for workers in (1, 2)
+        for mode, rate in (("skip-locked", skip_locked), ("for-update", for_update))
+    ]
+    return {"runs": runs, "parameters": {"jobs": 5000}, "environment": {}}
+
+
+def test_the_throughput_section_explains_a_for_update_that_costs_little():
+    text = "\n".join(report.throughput_section(_throughput(400.0, 380.0)))
+    assert "0.95x at 1, 0.95x at 2" in text
+    assert "the lease, not the row lock, keeps the job" in text
+
+
+def test_the_throughput_section_explains_nothing_when_skip_locked_wins():
+    text = "\n".join(report.throughput_section(_throughput(400.0, 200.0)))
+    assert "0.50x at 1, 0.50x at 2" in text
+    assert "the lease, not the row lock" not in text

@@ -76,6 +76,11 @@ def _grouped(
     return grid
 
 
+# FOR UPDATE at this fraction of SKIP LOCKED's rate or better, at every worker count,
+# is no measurable difference (the runs' spread is wider than that).
+SKIP_LOCKED_NO_DIFFERENCE = 0.75
+
+
 def throughput_section(document: dict[str, Any]) -> list[str]:
     """Jobs/s by worker processes and claim mode."""
     grid = _grouped(document["runs"], "workers", "mode", lambda run: run["jobs_per_second"])
@@ -84,20 +89,31 @@ def throughput_section(document: dict[str, Any]) -> list[str]:
         [str(workers), *(_median_range(grid[workers].get(mode, [])) for mode in modes)]
         for workers in sorted(grid)
     ]
-    ratios = [
-        f"{statistics.median(row['for-update']) / statistics.median(row['skip-locked']):.2f}x "
-        f"at {workers}"
+    compared = {
+        workers: statistics.median(row["for-update"]) / statistics.median(row["skip-locked"])
         for workers, row in sorted(grid.items())
         if row.get("for-update") and row.get("skip-locked")
-    ]
-    if ratios:
+    }
+    lines_ratio = []
+    if compared:
+        ratios = ", ".join(f"{ratio:.2f}x at {workers}" for workers, ratio in compared.items())
         lines_ratio = [
             "Plain `FOR UPDATE` against `SKIP LOCKED`, one job per claim, by worker "
-            f"processes: {', '.join(ratios)}.",
+            f"processes: {ratios}.",
             "",
         ]
-    else:
-        lines_ratio = []
+        if min(compared.values()) >= SKIP_LOCKED_NO_DIFFERENCE:
+            lines_ratio += [
+                "Here plain `FOR UPDATE` costs little, unlike in designs that hold "
+                "a claimed row's lock while the job runs. A pgqueue claim is one short "
+                "transaction: the lease, not the row lock, keeps the job, so a claimer "
+                "waits only for another claim's commit, well under a millisecond, and "
+                "at the few hundred claims per second one-job claims reach on this "
+                "machine they rarely meet. `SKIP LOCKED` matters as claims become "
+                "frequent enough to queue on the same rows, which on 2 cores this "
+                "configuration does not reach.",
+                "",
+            ]
     cpus = document.get("environment", {}).get("machine", {}).get("cpu_count")
     lines = [
         "### Throughput (jobs/s, median and min-max over runs)",
