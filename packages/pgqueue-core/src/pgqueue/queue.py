@@ -408,7 +408,11 @@ class Queue:
             return []
         with self._connection() as conn:
             cur = jsonb.cursor(conn, tuples=True)
-            cur.execute(self._sql("job_claim", mode), params)
+            # Statement and COMMIT in one pipeline: a worker cut off after the claim can
+            # never leave its transaction open on the server, holding the claimed rows.
+            with conn.pipeline():
+                cur.execute(self._sql("job_claim", mode), params)
+                conn.commit()
             claimed = _claimed_jobs(cur)
         jobs = self._refuse_undecodable(claimed)
         for job in jobs:
@@ -468,7 +472,15 @@ class Queue:
         """Acknowledge many jobs in one statement (results that cannot be stored become
         failed attempts, each its own statement)."""
         storable, unstorable = _split_storable(outcomes)
-        rows = self._rows("job_ack_many", _ack_params(storable)) if storable else []
+        rows: list[dict[str, Any]] = []
+        if storable:
+            with self._connection() as conn:
+                cur = jsonb.cursor(conn)
+                # As in claim: a worker cut off mid-ack never leaves the rows locked.
+                with conn.pipeline():
+                    cur.execute(self._sql("job_ack_many"), _ack_params(storable))
+                    conn.commit()
+                rows = cur.fetchall()
         return self._settle_acks(storable, rows, unstorable)
 
     def ack_and_claim(
