@@ -207,6 +207,7 @@ def test_the_throughput_section_explains_a_for_update_that_costs_little():
     text = "\n".join(report.throughput_section(_throughput(400.0, 380.0)))
     assert "0.95x at 1, 0.95x at 2" in text
     assert "the lease, not the row lock, keeps the job" in text
+    assert "one-job claims per second reached here (400)" in text
 
 
 def test_the_throughput_section_explains_nothing_when_skip_locked_wins():

@@ -4,10 +4,9 @@
 -- on id. The planner has no statistics for transition tables and estimates them at
 -- one row each, so it joined them with a nested loop, comparing every old row with
 -- every new one. That was cheap for a claim of 32 jobs and quadratic for the batches
--- of hundreds a prefetching worker claims and acks: 296,000 comparisons and about
--- 100 ms for 544 jobs, in every claim, ack and heartbeat statement. Forbidding nested
--- loops is no cure: PostgreSQL 15 then hashes the same join at that one-row estimate
--- and takes longer still.
+-- of hundreds a prefetching worker claims and acks, in every claim, ack and heartbeat
+-- statement. Forbidding nested loops is no cure: PostgreSQL 15 then hashes the same
+-- join at that one-row estimate and takes longer still.
 --
 -- Both statements now stack the old rows (sign -1) on the new ones (sign +1) and
 -- group them by id, which costs a sort or a hash of the rows at any size. What they
