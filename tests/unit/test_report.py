@@ -196,7 +196,7 @@ def test_has_figures_counts_runs_or_scenarios():
 
 def _throughput(skip_locked: float, for_update: float) -> dict:
     runs = [
-        {"mode": mode, "workers": workers, "jobs_per_second": rate}
+        {"mode": mode, "workers": workers, "jobs_per_second": rate, "seconds": 5000 / rate}
         for workers in (1, 2)
         for mode, rate in (("skip-locked", skip_locked), ("for-update", for_update))
     ]
@@ -214,3 +214,10 @@ def test_the_throughput_section_explains_nothing_when_skip_locked_wins():
     text = "\n".join(report.throughput_section(_throughput(400.0, 200.0)))
     assert "0.50x at 1, 0.50x at 2" in text
     assert "the lease, not the row lock" not in text
+
+
+def test_the_throughput_section_names_runs_shorter_than_a_second():
+    text = "\n".join(report.throughput_section(_throughput(400.0, 380.0)))
+    assert "The shortest run" not in text  # 12.5 s and 13.2 s
+    text = "\n".join(report.throughput_section(_throughput(8000.0, 6250.0)))
+    assert "The shortest run lasted 0.62 s." in text

@@ -119,6 +119,16 @@ def throughput_section(document: dict[str, Any]) -> list[str]:
                 "same rows, which this machine does not reach.",
                 "",
             ]
+    short_runs = [
+        run["seconds"] for run in document["runs"] if run.get("seconds") and run["seconds"] < 1
+    ]
+    if short_runs:
+        lines_ratio += [
+            f"The shortest run lasted {min(short_runs):.2f} s. Runs under a second are "
+            "easily disturbed by anything else the machine does; "
+            "`pgqueue bench throughput --jobs N` makes every run longer.",
+            "",
+        ]
     cpus = document.get("environment", {}).get("machine", {}).get("cpu_count")
     lines = [
         "### Throughput (jobs/s, median and min-max over runs)",
