@@ -145,3 +145,26 @@ def test_retry_puts_dead_and_cancelled_jobs_back_with_attempts_reset(queue):
         queue.retry(dead.id)
     cancelled = queue.cancel(queue.enqueue("t").job.id)
     assert queue.retry(cancelled.id).state is JobState.QUEUED
+
+
+def test_ack_many_tells_each_lost_lease_apart_from_the_acked_jobs_around_it(queue):
+    """A batch in any order, with lost leases among held ones: each outcome is matched
+    to its own job, whatever its place in the batch."""
+    for seq in range(6):
+        queue.enqueue("t", {"seq": seq})
+    jobs = queue.claim(["default"], ["t"], limit=6)
+    cancelled = {jobs[1].id, jobs[4].id}
+    for job_id in cancelled:
+        queue.cancel(job_id)
+    shuffled = [jobs[5], jobs[1], jobs[0], jobs[4], jobs[3], jobs[2]]
+    batch = queue.ack_many([(job, {"seq": job.payload["seq"]}) for job in shuffled])
+    assert sorted(batch.lost) == sorted(cancelled)
+    assert {lease.job_id for lease in batch.lost_leases} == cancelled
+    acked = {job.id: job for job in batch.succeeded}
+    assert sorted(acked) == sorted(job.id for job in jobs if job.id not in cancelled)
+    for job_id, job in acked.items():
+        stored = queue.get(job_id)
+        assert job.state is stored.state is JobState.SUCCEEDED
+        assert job.result == stored.result == {"seq": stored.payload["seq"]}
+        assert job.finished_at == stored.finished_at and job.lease_token is None
+    assert {queue.get(job_id).state for job_id in cancelled} == {JobState.CANCELLED}

@@ -137,3 +137,35 @@ def test_hooks_receive_only_the_arguments_they_declare(bare_pm):
     pm.register(Partial(), name="partial")
     LifecycleHooks(pm).call("on_fail", job="j", error="boom", next_run_at=None)
     assert seen == {"job": "j"}
+
+
+def test_call_each_runs_every_plugin_per_call_in_order_and_survives_a_raising_one(bare_pm):
+    pm = bare_pm
+    calls = []
+
+    class First:
+        @hookimpl
+        def on_start(self, job):
+            calls.append(("first", job))
+
+    class Second:
+        @hookimpl
+        def on_start(self, job):
+            if job == "b":
+                raise RuntimeError("hook bug")
+            calls.append(("second", job))
+
+    pm.register(First(), name="first")
+    pm.register(Second(), name="second")
+    hooks = LifecycleHooks(pm)
+    hooks.call_each("on_start", [{"job": "a"}, {"job": "b"}, {"job": "c"}])
+    # In pluggy's order (the last registered first), as call() runs them, and each
+    # job's calls before the next job's.
+    assert calls == [
+        ("second", "a"),
+        ("first", "a"),
+        ("first", "b"),
+        ("second", "c"),
+        ("first", "c"),
+    ]
+    assert hooks.errors["on_start"] == 1

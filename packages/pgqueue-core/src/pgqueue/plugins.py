@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,13 +98,24 @@ class LifecycleHooks:
 
     def call(self, hook_name: str, **kwargs: Any) -> None:
         """Run every implementation of ``hook_name`` with the arguments it asks for."""
-        caller = getattr(self.pm.hook, hook_name)
-        for impl in reversed(caller.get_hookimpls()):
-            try:
-                impl.function(**{name: kwargs[name] for name in impl.argnames})
-            except Exception:
-                self.errors[hook_name] += 1
-                log.exception("hook %s of plugin %s raised; ignored", hook_name, impl.plugin_name)
+        self.call_each(hook_name, [kwargs])
+
+    def call_each(self, hook_name: str, calls: Iterable[Mapping[str, Any]]) -> None:
+        """``call(hook_name, **kwargs)`` for each of ``calls``, in order: a worker starts
+        and acks hundreds of jobs per statement, and looks up the implementations once
+        for all of them."""
+        impls = list(reversed(getattr(self.pm.hook, hook_name).get_hookimpls()))
+        if not impls:
+            return
+        for kwargs in calls:
+            for impl in impls:
+                try:
+                    impl.function(**{name: kwargs[name] for name in impl.argnames})
+                except Exception:
+                    self.errors[hook_name] += 1
+                    log.exception(
+                        "hook %s of plugin %s raised; ignored", hook_name, impl.plugin_name
+                    )
 
 
 @dataclass(frozen=True)

@@ -288,6 +288,10 @@ class Queue:
         if self.hooks is not None:
             self.hooks.call(hook, **kwargs)
 
+    def _notify_each(self, hook: str, calls: Iterable[Mapping[str, Any]]) -> None:
+        if self.hooks is not None:
+            self.hooks.call_each(hook, calls)
+
     # -- producing --------------------------------------------------------------
 
     def enqueue(
@@ -415,8 +419,7 @@ class Queue:
                 conn.commit()
             claimed = _claimed_jobs(cur)
         jobs = self._refuse_undecodable(claimed)
-        for job in jobs:
-            self._notify("on_start", job=job)
+        self._notify_each("on_start", ({"job": job} for job in jobs))
         return jobs
 
     def next_run_in(self, queues: Collection[str], tasks: Collection[str]) -> float | None:
@@ -472,16 +475,16 @@ class Queue:
         """Acknowledge many jobs in one statement (results that cannot be stored become
         failed attempts, each its own statement)."""
         storable, unstorable = _split_storable(outcomes)
-        rows: list[dict[str, Any]] = []
+        written: _AckWritten | None = None
         if storable:
             with self._connection() as conn:
-                cur = jsonb.cursor(conn)
+                cur = conn.cursor()
                 # As in claim: a worker cut off mid-ack never leaves the rows locked.
                 with conn.pipeline():
                     cur.execute(self._sql("job_ack_many"), _ack_params(storable))
                     conn.commit()
-                rows = cur.fetchall()
-        return self._settle_acks(storable, rows, unstorable)
+                written = _AckWritten(*cur.fetchone())
+        return self._settle_acks(storable, written, unstorable)
 
     def ack_and_claim(
         self,
@@ -503,11 +506,11 @@ class Queue:
         """
         storable, unstorable = _split_storable(outcomes)
         params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode)
-        ack_rows: list[dict[str, Any]] = []
+        written: _AckWritten | None = None
         claimed: list[Job] = []
         if storable or params is not None:
             with self._connection() as conn:
-                ack_cur = jsonb.cursor(conn)
+                ack_cur = conn.cursor()
                 claim_cur = jsonb.cursor(conn, tuples=True)
                 with conn.pipeline():
                     if storable:
@@ -516,46 +519,40 @@ class Queue:
                         claim_cur.execute(self._sql("job_claim", mode), params)
                     conn.commit()
                 if storable:
-                    ack_rows = ack_cur.fetchall()
+                    written = _AckWritten(*ack_cur.fetchone())
                 if params is not None:
                     claimed = _claimed_jobs(claim_cur)
-        batch = self._settle_acks(storable, ack_rows, unstorable)
+        batch = self._settle_acks(storable, written, unstorable)
         claimed = self._refuse_undecodable(claimed)
-        for job in claimed:
-            self._notify("on_start", job=job)
+        self._notify_each("on_start", ({"job": job} for job in claimed))
         return batch, claimed
 
     def _settle_acks(
         self,
         storable: list[_Storable],
-        rows: list[dict[str, Any]],
+        written: _AckWritten | None,
         unstorable: list[tuple[Job, str]],
     ) -> AckBatch:
-        """Turn ``job_ack_many``'s rows into an AckBatch, record the unstorable results as
-        failed attempts, and run ``on_success`` for what was acked."""
-        # The statement returns only ids, tokens and finish times: the rest of each row is
-        # what the worker already holds, and decoding payloads again costs more than the
-        # ack. Outcomes are matched by lease, not by job id: a stale attempt's outcome
-        # in the same batch as the current attempt's was not acked.
-        finished_at = {(row["id"], row["lease_token"]): row["finished_at"] for row in rows}
-        succeeded = [
-            s.job.succeeded(s.result, finished_at[s.job.id, s.job.lease_token])
-            for s in storable
-            if (s.job.id, s.job.lease_token) in finished_at
-        ]
-        lost = [
-            Lease(s.job.id, s.job.lease_token)  # type: ignore[arg-type]
-            for s in storable
-            if (s.job.id, s.job.lease_token) not in finished_at
-        ]
+        """Turn what ``job_ack_many`` wrote into an AckBatch, record the unstorable
+        results as failed attempts, and run ``on_success`` for what was acked."""
+        succeeded: list[Job] = []
+        lost: list[Lease] = []
+        if written is not None:
+            # Positions count from 1 in job_ack_many's arrays, which are in this order.
+            refused = set(written.refused)
+            for position, outcome in enumerate(storable, start=1):
+                job = outcome.job
+                if position in refused:
+                    lost.append(Lease(job.id, job.lease_token))  # type: ignore[arg-type]
+                else:
+                    succeeded.append(job.succeeded(outcome.result, written.finished_at))
         failed: list[Job] = []
         for job, error in unstorable:
             try:
                 failed.append(self.fail(job, error))
             except LeaseLost:
                 lost.append(Lease(job.id, job.lease_token))  # type: ignore[arg-type]
-        for job in succeeded:
-            self._notify("on_success", job=job, result=job.result)
+        self._notify_each("on_success", ({"job": job, "result": job.result} for job in succeeded))
         return AckBatch(
             succeeded=succeeded,
             failed=failed,
@@ -861,6 +858,10 @@ def _claimed_jobs(cur: psycopg.Cursor) -> list[Job]:
     # column on every call.
     columns = [result.fname(i).decode() for i in range(result.nfields)]
     jobs = Job.from_tuples(columns, cur.fetchall())
+    # job_claim returns the payloads as text, to be loaded all at once.
+    payloads = jsonb.load_json_texts([job.payload for job in jobs])
+    for job, payload in zip(jobs, payloads, strict=True):
+        object.__setattr__(job, "payload", payload)
     return sorted(jobs, key=lambda j: (-j.priority, j.run_at, j.id))
 
 
@@ -875,7 +876,11 @@ class _Storable(NamedTuple):
 def _split_storable(
     outcomes: Iterable[tuple[Job, Any]],
 ) -> tuple[list[_Storable], list[tuple[Job, str]]]:
-    """Outcomes whose result PostgreSQL can store, and (job, error) for those it cannot."""
+    """Outcomes whose result PostgreSQL can store, and (job, error) for those it cannot.
+
+    The storable ones come in job id order, the order job_ack_many is given them: any
+    two acks that meet on the same rows then lock them in the same order (heartbeats
+    never wait for a row: see job_heartbeat_many)."""
     storable: list[_Storable] = []
     unstorable: list[tuple[Job, str]] = []
     for job, result in outcomes:
@@ -886,13 +891,19 @@ def _split_storable(
             storable.append(_Storable(job, result, validation.jsonb_text("result", result)))
         except ValidationError as exc:
             unstorable.append((job, f"result could not be stored: {exc.message}"))
+    storable.sort(key=lambda s: s.job.id)
     return storable, unstorable
 
 
-def _ack_params(storable: list[_Storable]) -> dict[str, Any]:
-    # In id order, so that any two acks that meet on the same rows lock them in the same
-    # order (heartbeats never wait for a row: see job_heartbeat_many).
-    ordered = sorted(storable, key=lambda s: s.job.id)
+class _AckWritten(NamedTuple):
+    """The row job_ack_many returns."""
+
+    finished_at: datetime
+    refused: list[int]
+    """Positions (from 1) of the outcomes whose lease was no longer held."""
+
+
+def _ack_params(ordered: list[_Storable]) -> dict[str, Any]:
     # Array literals and one JSON array, as job_ack_many expects: ids and UUIDs need no
     # quoting, and each result is already valid JSON text.
     return {

@@ -26,7 +26,9 @@ class LeaseSet:
         job has been claimed again since under a new token)."""
         with self._lock:
             for lease in leases:
-                if self._leases.get(lease.job_id) == lease:
+                held = self._leases.get(lease.job_id)
+                # Mostly the very object added: `is` spares comparing the tokens.
+                if held is lease or held == lease:
                     del self._leases[lease.job_id]
 
     def holds(self, lease: Lease) -> bool:
