@@ -1,16 +1,17 @@
 """The worker: one claim loop feeding N handler slots, with every job under a lease.
 
 The claim loop owns this worker's bookkeeping: which leases it holds, which attempts
-run, which outcomes wait to be written. Each round it hands the outcomes of the
-handlers that finished to the outcome writer and claims as many jobs as it has free
-slots. The writer writes them on a thread of its own, a batch at a time, so on a busy
-queue claims and acks overlap instead of taking turns: one claim statement and one
-ack statement per batch of jobs, each committed while the other side works.
+run, which outcomes wait to be written. Each round it takes in the jobs of the last
+claim and the handlers that finished, hands their outcomes to the outcome writer, and
+asks the claimer for as many jobs as it has room for. The claimer and the writer talk
+to PostgreSQL on threads of their own, so on a busy queue claims, acks and handlers
+all overlap instead of taking turns: one claim statement and one ack statement per
+batch of jobs, each committed while the rest of the worker goes on.
 
-Around it run four helpers, each on a thread of its own: the outcome writer, the
-heartbeat (one statement per interval extends every lease this worker holds, on a
-connection of its own), the reaper (puts expired leases back, at most one worker at a
-time), and the listener (LISTEN/NOTIFY wake-ups, polling as the fallback).
+Around it run five helpers, each on a thread of its own: the claimer, the outcome
+writer, the heartbeat (one statement per interval extends every lease this worker
+holds, on a connection of its own), the reaper (puts expired leases back, at most one
+worker at a time), and the listener (LISTEN/NOTIFY wake-ups, polling as the fallback).
 
 Delivery is at least once. An outcome is written only under the lease it was claimed
 with, so a worker that lost its lease (cancelled, or reaped after a stall) can never
@@ -34,6 +35,7 @@ from pgqueue import DatabaseUnavailable, Job, Lease, Queue, TaskHandler, Validat
 from pgqueue.queue import CLAIM_MODES, default_worker_id
 from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE, notify_channel
 from pgqueue_worker import connections
+from pgqueue_worker.claims import Claimer, ClaimResult
 from pgqueue_worker.executor import Attempt, Executor
 from pgqueue_worker.handlers import HandlerLike, as_task_handlers
 from pgqueue_worker.heartbeat import Heartbeat
@@ -162,10 +164,17 @@ class Worker:
         )
         self._lost: queue_module.SimpleQueue[list[Lease]] = queue_module.SimpleQueue()
         self._reports: queue_module.SimpleQueue[WriteReport] = queue_module.SimpleQueue()
+        self._claims: queue_module.SimpleQueue[ClaimResult] = queue_module.SimpleQueue()
         self._stop_requested = False
         self._claim_due = True  # set by notifications too: a plain flag, read each round
 
         self._health = DatabaseHealth()
+        self._backoff = Backoff()
+        self._retry_at = 0.0  # during an outage, no claim before this (monotonic)
+        # Jobs asked of the claimer and not yet received (0: no claim in progress).
+        self._claiming = 0
+        # The last claim found nothing to claim (burst mode ends on it).
+        self._found_nothing = False
         self._leases = LeaseSet()
         self._attempts: dict[Lease, Attempt] = {}
         # Outcomes not yet written, by lease; the unsent ones are also in _unsent until
@@ -204,6 +213,15 @@ class Worker:
         self._started = True
         executor = Executor(self.concurrency, self._handler_finished, self._handler_started)
         writer = OutcomeWriter(self.queue, health=self._health, on_written=self._outcomes_written)
+        claimer = Claimer(
+            self.queue,
+            self.queues,
+            self.tasks,
+            lease_seconds=self.lease_seconds,
+            worker_id=self.worker_id,
+            mode=self.claim_mode,
+            on_claimed=self._claimed,
+        )
         heartbeat_queue = connections.sibling_queue(self.queue, connections.HEARTBEAT)
         heartbeat = Heartbeat(
             heartbeat_queue,
@@ -236,6 +254,7 @@ class Worker:
                 self.retention.describe(),
             )
         executor.start()
+        claimer.start()
         writer.start()
         heartbeat.start()
         reaper.start()
@@ -244,9 +263,11 @@ class Worker:
         if listener is not None:
             listener.start()
         try:
-            return self._serve(executor, writer)
+            return self._serve(executor, claimer, writer)
         finally:
-            helpers = [h for h in (listener, pruner, reaper, heartbeat, writer) if h is not None]
+            helpers = [
+                h for h in (listener, pruner, reaper, heartbeat, claimer, writer) if h is not None
+            ]
             # Tell them all first, then wait: one stuck in a call to a dead server must
             # not hold up the others' stopping.
             for helper in helpers:
@@ -258,9 +279,7 @@ class Worker:
 
     # -- the claim loop -------------------------------------------------------------
 
-    def _serve(self, executor: Executor, writer: OutcomeWriter) -> bool:
-        backoff = Backoff()
-        retry_at = 0.0  # during an outage, no database call before this (monotonic)
+    def _serve(self, executor: Executor, claimer: Claimer, writer: OutcomeWriter) -> bool:
         stop_deadline: float | None = None
         while True:
             # Clear first, then allow new wake-ups. The other order loses one: a sender
@@ -281,7 +300,8 @@ class Worker:
                         self.shutdown_timeout,
                         self._busy,
                     )
-                if self._busy == 0 and not self._pending:
+                # A claim in progress is waited for: its jobs are this worker's to run.
+                if self._busy == 0 and not self._pending and not self._claiming:
                     log.info("stopped cleanly")
                     return True
                 if now >= stop_deadline:
@@ -292,30 +312,29 @@ class Worker:
                     )
                     return False
 
-            if now >= retry_at:
-                try:
-                    claimed = self._write_and_claim(executor, writer, now)
-                except DatabaseUnavailable as exc:
-                    self.counts["database_errors"] += 1
-                    self._health.failed("claim loop", exc)
-                    discard_broken_connections(self.queue)
-                    retry_at = time.monotonic() + backoff.next()
-                    claimed = None
-                except Exception:
-                    log.exception("claim loop error; retrying with backoff")
-                    retry_at = time.monotonic() + backoff.next()
-                    claimed = None
-                else:
-                    backoff.reset()
-                    retry_at = 0.0
-                if self.burst and claimed == 0 and self._busy == 0 and not self._pending:
-                    log.info("burst: no runnable job left for this worker; exiting")
-                    return True
+            if (
+                self.burst
+                and self._found_nothing
+                and not self._claiming
+                and self._busy == 0
+                and not self._pending
+            ):
+                log.info("burst: no runnable job left for this worker; exiting")
+                return True
 
-            self._wake.wait(self._sleep_seconds(time.monotonic(), retry_at, stop_deadline))
+            self._write_and_claim(claimer, writer, now)
+            self._wake.wait(self._sleep_seconds(time.monotonic(), stop_deadline))
 
     def _collect(self, executor: Executor, now: float) -> None:
-        """Take in finished handlers, leases the heartbeat found lost, and timeouts."""
+        """Take in claimed jobs, finished handlers, leases the heartbeat found lost, and
+        timeouts."""
+        while True:
+            try:
+                claim = self._claims.get_nowait()
+            except queue_module.Empty:
+                break
+            self._take_in_claim(executor, claim)
+
         while True:
             try:
                 attempt, result, error = self._finished.get_nowait()
@@ -378,10 +397,9 @@ class Worker:
                 self._wait_to_write(Outcome(attempt, error=attempt.abandoned))
                 executor.cancel(attempt)
 
-    def _write_and_claim(self, executor: Executor, writer: OutcomeWriter, now: float) -> int | None:
-        """Hand the outcomes waiting to be written to the writer and, with free slots and
-        reason to, claim more. Returns how many jobs were claimed, or None when no claim
-        was made."""
+    def _write_and_claim(self, claimer: Claimer, writer: OutcomeWriter, now: float) -> None:
+        """Hand the outcomes waiting to be written to the writer and, with room and
+        reason to, ask the claimer for more jobs."""
         if self._unsent:
             # Skipping any whose lease the heartbeat found lost since.
             sending = [o for o in self._unsent if self._pending.get(o.lease) is o]
@@ -390,43 +408,58 @@ class Worker:
             writer.submit(sending)
             self._unsent = []
 
-        free = self._claim_limit()
-        if not self._should_claim(now, free):
-            return None
+        if self._claiming or now < self._retry_at:
+            return
+        limit = self._claim_limit()
+        if not self._should_claim(now, limit):
+            return
         # Taken down before the claim: a notification that arrives meanwhile sets it
         # again, so a job committed just after the claim's snapshot is not missed.
         self._claim_due = False
         self._last_claim_at = now
         self._next_run_at = None
-        jobs = self.queue.claim(
-            self.queues,
-            self.tasks,
-            free,
-            lease_seconds=self.lease_seconds,
-            worker_id=self.worker_id,
-            mode=self.claim_mode,
-        )
-        self._health.succeeded()
+        self._claiming = limit
+        claimer.request(limit)
 
+    def _take_in_claim(self, executor: Executor, claim: ClaimResult) -> None:
+        """Start the jobs of a claim, and work out when to claim again."""
+        self._claiming = 0
+        error = claim.error
+        if error is not None:
+            self._found_nothing = False
+            if isinstance(error, DatabaseUnavailable):
+                self.counts["database_errors"] += 1
+                self._health.failed("claim loop", error)
+                discard_broken_connections(self.queue)
+            else:
+                log.error("claim loop error; retrying with backoff", exc_info=error)
+            self._retry_at = time.monotonic() + self._backoff.next()
+            return
+        self._backoff.reset()
+        self._retry_at = 0.0
+        self._health.succeeded()
+        jobs = claim.jobs
+        # An empty claim ends a burst only when nothing runs: a running job may yet fail
+        # and be due again, so an idle burst worker looks once more (_should_claim).
+        self._found_nothing = not jobs and self._busy == 0
         self._dispatch(executor, jobs)
-        if len(jobs) == free:
+        if len(jobs) == claim.limit:
             self._claim_due = True  # there may be more
             self._recheck_delay = 0.0
+            return
+        seconds = claim.next_run_seconds
+        if seconds is not None and seconds <= 0:
+            # Runnable, yet not claimed: another transaction holds the row (another
+            # worker's claim, most likely, which commits in a moment). Look again soon,
+            # backing off in case a long transaction holds it.
+            self._recheck_delay = min(
+                max(2 * self._recheck_delay, RECHECK_SECONDS), self.poll_interval
+            )
+            seconds = self._recheck_delay
         else:
-            seconds = self.queue.next_run_in(self.queues, self.tasks)
-            if seconds is not None and seconds <= 0:
-                # Runnable, yet not claimed: another transaction holds the row (another
-                # worker's claim, most likely, which commits in a moment). Look again
-                # soon, backing off in case a long transaction holds it.
-                self._recheck_delay = min(
-                    max(2 * self._recheck_delay, RECHECK_SECONDS), self.poll_interval
-                )
-                seconds = self._recheck_delay
-            else:
-                self._recheck_delay = 0.0
-            if seconds is not None:
-                self._next_run_at = time.monotonic() + seconds
-        return len(jobs)
+            self._recheck_delay = 0.0
+        if seconds is not None:
+            self._next_run_at = time.monotonic() + seconds
 
     def _claim_limit(self) -> int:
         """How many jobs to claim now: one per free slot, and up to ``prefetch`` more,
@@ -483,17 +516,16 @@ class Worker:
         for attempt in attempts:
             executor.submit(attempt)
 
-    def _sleep_seconds(self, now: float, retry_at: float, stop_deadline: float | None) -> float:
-        """How long the claim loop may sleep before something needs it (other threads
-        wake it earlier through the wake signal)."""
-        if self._stop_requested and self._busy == 0 and not self._pending:
+    def _sleep_seconds(self, now: float, stop_deadline: float | None) -> float:
+        """How long the claim loop may sleep before something needs it (other threads,
+        the claimer among them, wake it earlier through the wake signal)."""
+        if self._stop_requested and self._busy == 0 and not self._pending and not self._claiming:
             return 0.0  # the last outcome is written: time to go
         wake_at = [now + MAX_SLEEP_SECONDS]
-        if self._pending and retry_at > now:
-            wake_at.append(retry_at)
+        retry_at = self._retry_at
         if stop_deadline is not None:
             wake_at.append(stop_deadline)
-        elif self._claim_limit() > 0:
+        elif not self._claiming and self._claim_limit() > 0:
             wake_at.append(max(retry_at, self._last_claim_at + self.poll_interval))
             if self._next_run_at is not None:
                 wake_at.append(max(retry_at, self._next_run_at))
@@ -586,6 +618,10 @@ class Worker:
 
     def _leases_lost(self, leases: list[Lease]) -> None:
         self._lost.put(leases)
+        self._poke()
+
+    def _claimed(self, claim: ClaimResult) -> None:
+        self._claims.put(claim)
         self._poke()
 
     def _notified(self) -> None:

@@ -1,0 +1,122 @@
+"""Claiming on a thread of its own, so that the claim loop never waits for PostgreSQL.
+
+The claim loop decides when to claim and how many jobs; the claimer runs the claim
+statement, turns its rows into jobs (and, when it came back short, asks when the next
+queued job becomes runnable) and hands the result back. Meanwhile the claim loop goes
+on taking in finished handlers and passing their outcomes to the writer, and the slots
+run the jobs claimed before: a claim's round trip and the loading of its rows overlap
+with the rest of the worker's work instead of stopping it.
+
+One claim at a time: the loop asks for the next once the last one's jobs are in hand,
+so it always knows how many jobs it holds.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from pgqueue import Job, Queue
+
+log = logging.getLogger("pgqueue.worker")
+
+
+@dataclass(frozen=True)
+class ClaimResult:
+    """What one claim brought: jobs, or the error that stopped it."""
+
+    limit: int
+    """How many jobs were asked for."""
+    jobs: list[Job]
+    next_run_seconds: float | None = None
+    """After a short claim only: seconds until the next queued job of the worker's tasks
+    is runnable (zero or less: one is runnable but was locked), None when none is queued."""
+    error: Exception | None = None
+
+
+class Claimer:
+    """Runs ``queue.claim`` for the claim loop, one request at a time, and reports each
+    result to ``on_claimed`` from its own thread."""
+
+    def __init__(
+        self,
+        queue: Queue,
+        queues: Collection[str],
+        tasks: Collection[str],
+        *,
+        lease_seconds: float,
+        worker_id: str,
+        mode: str,
+        on_claimed: Callable[[ClaimResult], None],
+    ) -> None:
+        self.queue = queue
+        self.queues = list(queues)
+        self.tasks = list(tasks)
+        self.lease_seconds = lease_seconds
+        self.worker_id = worker_id
+        self.mode = mode
+        self.on_claimed = on_claimed
+        self._requested: int | None = None
+        self._stopping = False
+        self._changed = threading.Condition()
+        self._thread = threading.Thread(target=self._run, name="pgqueue-claims", daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def request(self, limit: int) -> None:
+        """Claim up to ``limit`` jobs; the result goes to ``on_claimed``. Only one claim
+        may be asked for at a time: ask again after its result arrived."""
+        with self._changed:
+            if self._requested is not None:
+                raise RuntimeError("a claim is already in progress")
+            self._requested = limit
+            self._changed.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the claim in progress, if any (its result is still reported), and
+        wait up to ``timeout`` seconds for the thread."""
+        with self._changed:
+            self._stopping = True
+            self._changed.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            with self._changed:
+                while self._requested is None and not self._stopping:
+                    self._changed.wait()
+                if self._requested is None:
+                    return
+                limit = self._requested
+            result = self._claim(limit)
+            with self._changed:
+                self._requested = None
+            self.on_claimed(result)
+
+    def _claim(self, limit: int) -> ClaimResult:
+        try:
+            jobs = self.queue.claim(
+                self.queues,
+                self.tasks,
+                limit,
+                lease_seconds=self.lease_seconds,
+                worker_id=self.worker_id,
+                mode=self.mode,
+            )
+        except Exception as exc:  # the claim loop decides what each failure means
+            return ClaimResult(limit, [], error=exc)
+        if len(jobs) == limit:
+            return ClaimResult(limit, jobs)
+        try:
+            seconds = self.queue.next_run_in(self.queues, self.tasks)
+        except Exception:
+            # The claim itself committed: its jobs must reach the loop. Without the
+            # delay, the loop looks again at its next poll.
+            log.debug("could not tell when the next job is runnable", exc_info=True)
+            seconds = None
+        return ClaimResult(limit, jobs, next_run_seconds=seconds)
