@@ -8,7 +8,7 @@ Lifecycle hooks (``on_*``) are notifications: they run after the state change ha
 committed, in the process that made it (a worker, the reaper, the API). They return
 nothing, and one that raises is logged and counted and changes nothing.
 
-They run on more than one thread: in a worker, ``on_start`` on the claim loop,
+They run on more than one thread: in a worker, ``on_start`` on the thread that claims,
 ``on_success``, ``on_fail`` and ``on_dead`` on the thread that writes outcomes, and the
 reaper's on its own; in the API, on the request's. An implementation that keeps state
 must guard it with a lock.

@@ -1,8 +1,8 @@
 """Writing the outcomes of finished attempts, on a thread of its own.
 
-The claim loop hands each finished attempt's outcome here and goes straight on to
-claim the next jobs: while PostgreSQL commits one batch of acks, the loop is already
-turning the next claim into running handlers. Outcomes that finish while a batch is
+The claim loop hands each finished attempt's outcome here and goes straight on: while
+PostgreSQL commits one batch of acks, the next claim is already running and its jobs
+are being started. Outcomes that finish while a batch is
 being written form the next batch, so a busy worker writes large batches and an idle
 one writes each outcome at once.
 

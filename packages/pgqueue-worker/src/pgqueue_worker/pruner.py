@@ -27,7 +27,7 @@ DEFAULT_PRUNE_BATCH_SIZE = 500
 # One round deletes at most this many batches (500,000 jobs), then waits for the next
 # round: enough to keep up with about 8,000 finished jobs a second at the default
 # interval. Each batch takes a pooled connection for one short transaction and gives it
-# back, so a long round never keeps the claim loop waiting.
+# back, so a long round never keeps claims or acks waiting.
 DEFAULT_PRUNE_MAX_BATCHES = 1000
 
 
