@@ -14,11 +14,11 @@ so it always knows how many jobs it holds.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from pgqueue import Job, Queue
+from pgqueue_worker.service import HandOffService
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -36,9 +36,14 @@ class ClaimResult:
     error: Exception | None = None
 
 
-class Claimer:
+class Claimer(HandOffService):
     """Runs ``queue.claim`` for the claim loop, one request at a time, and reports each
-    result to ``on_claimed`` from its own thread."""
+    result to ``on_claimed`` from its own thread. ``queue``'s ``on_start`` hook
+    therefore runs on this thread.
+
+    :meth:`stop` lets the claim in progress, if any, finish and report its result."""
+
+    thread_name = "pgqueue-claims"
 
     def __init__(
         self,
@@ -51,6 +56,7 @@ class Claimer:
         mode: str,
         on_claimed: Callable[[ClaimResult], None],
     ) -> None:
+        super().__init__()
         self.queue = queue
         self.queues = list(queues)
         self.tasks = list(tasks)
@@ -59,13 +65,6 @@ class Claimer:
         self.mode = mode
         self.on_claimed = on_claimed
         self._requested: int | None = None
-        self._stopping = False
-        self._changed = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="pgqueue-claims", daemon=True)
-
-    def start(self) -> None:
-        """Start the thread."""
-        self._thread.start()
 
     def request(self, limit: int) -> None:
         """Claim up to ``limit`` jobs; the result goes to ``on_claimed``. Only one claim
@@ -75,15 +74,6 @@ class Claimer:
                 raise RuntimeError("a claim is already in progress")
             self._requested = limit
             self._changed.notify()
-
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop after the claim in progress, if any (its result is still reported), and
-        wait up to ``timeout`` seconds for the thread."""
-        with self._changed:
-            self._stopping = True
-            self._changed.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
 
     def _run(self) -> None:
         while True:

@@ -17,7 +17,6 @@ the worker stops or dies first, the leases expire and the jobs run again.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,6 +24,7 @@ from typing import Any
 from pgqueue import DatabaseUnavailable, Lease, LeaseLost, Queue
 from pgqueue_worker.executor import Attempt
 from pgqueue_worker.outage import Backoff, DatabaseHealth, discard_broken_connections
+from pgqueue_worker.service import HandOffService
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -59,12 +59,15 @@ class WriteReport:
     """Tries refused by an unavailable database since the previous report."""
 
 
-class OutcomeWriter:
+class OutcomeWriter(HandOffService):
     """Writes the outcomes given to :meth:`submit` through ``queue`` and reports each
     round to ``on_written``, from its own thread. ``queue``'s lifecycle hooks
-    (``on_success``, ``on_fail``, ``on_dead``) therefore run on this thread."""
+    (``on_success``, ``on_fail``, ``on_dead``) therefore run on this thread.
+
+    :meth:`stop` leaves outcomes not yet written to their leases."""
 
     name = "outcome writer"
+    thread_name = "pgqueue-outcomes"
 
     def __init__(
         self,
@@ -73,32 +76,17 @@ class OutcomeWriter:
         health: DatabaseHealth,
         on_written: Callable[[WriteReport], None],
     ) -> None:
+        super().__init__()
         self.queue = queue
         self.health = health
         self.on_written = on_written
         self._waiting: list[Outcome] = []
-        self._changed = threading.Condition()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._run, name="pgqueue-outcomes", daemon=True)
-
-    def start(self) -> None:
-        """Start the thread."""
-        self._thread.start()
 
     def submit(self, outcomes: list[Outcome]) -> None:
         """Write ``outcomes`` with the next batch."""
         with self._changed:
             self._waiting.extend(outcomes)
             self._changed.notify()
-
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop after the write in progress, if any, and wait up to ``timeout`` seconds
-        for the thread. Outcomes not yet written are left to their leases."""
-        with self._changed:
-            self._stopping = True
-            self._changed.notify()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
 
     def _run(self) -> None:
         backoff = Backoff()

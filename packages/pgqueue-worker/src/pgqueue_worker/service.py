@@ -1,4 +1,5 @@
-"""A background duty that runs every few seconds on a thread of its own."""
+"""Background threads: duties that run every few seconds, and helpers that work on
+what the claim loop hands them."""
 
 from __future__ import annotations
 
@@ -62,3 +63,35 @@ class PeriodicService:
                     self.health.succeeded()
             backoff.reset()
             delay = self.interval
+
+
+class HandOffService:
+    """A thread that works on what other threads hand it, until stopped.
+
+    Subclasses keep what they are handed under ``_changed``, notify it when they add
+    some, and implement :meth:`_run`, which waits on it until there is work or
+    ``_stopping`` is set.
+    """
+
+    thread_name = "pgqueue-service"
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+
+    def start(self) -> None:
+        """Start the thread."""
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Stop after the work in progress, if any, and wait up to ``timeout`` seconds
+        for the thread."""
+        with self._changed:
+            self._stopping = True
+            self._changed.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        raise NotImplementedError
