@@ -379,7 +379,8 @@ def main(argv: list[str] | None = None) -> None:
         "rate": args.rate,
         "systems": {
             "pgqueue": "pgqueue worker --burst with its defaults and --log-level warning "
-            "(no log line per job), sync no-op handler",
+            "(no log line per job), sync no-op handler, connected before the start barrier "
+            "as every peer is",
             "procrastinate": "async task, run_worker(concurrency=30), LISTEN/NOTIFY on, "
             "PsycopgConnector (its concurrency how-to)",
             "pgqueuer": "async entrypoint, AsyncpgDriver, durable tables, batch_size=10 "

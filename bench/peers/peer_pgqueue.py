@@ -1,7 +1,8 @@
 """pgqueue under the side-by-side protocol of ``peerlib``.
 
-Its default worker: ``pgqueue worker`` with no tuning flags (``--burst`` to drain),
-run in this process once the start barrier opens, with a synchronous no-op handler.
+Its default worker: ``pgqueue worker`` with no tuning flags (``--burst`` to drain) and a
+synchronous no-op handler, in this process: built and connected before the start
+barrier, as the peers are, and run once it opens.
 ``--setting concurrency=N`` (or any other worker flag name) changes a default.
 """
 
@@ -42,19 +43,20 @@ def produce(url: str, jobs: int, rate: float) -> None:
 
 
 def work(url: str, seen_file, drain: bool, settings: dict[str, str]) -> None:
-    from pgqueue_worker.cli import worker  # imported before the barrier, not after it
+    from pgqueue_worker.cli import prepare_worker, worker
 
     args = ["--database-url", url, "--handlers", "peerlib:PGQUEUE_HANDLERS"]
     for name, value in {**DEFAULT_SETTINGS, **settings}.items():
         args += [f"--{name.replace('_', '-')}", value]
     if drain:
         args.append("--burst")
+    # `pgqueue worker` in two steps, so that it connects, loads its plugins and checks
+    # the schema before the barrier, as the peers connect before it: the barrier then
+    # releases every system's processing, not its start-up.
+    prepared = prepare_worker(**worker.make_context("worker", args).params)
     peerlib.wait_for_go()
-    code = 0
     try:
-        worker.main(args, standalone_mode=False)
-    except SystemExit as exit_:
-        code = exit_.code or 0
+        code = prepared.serve()
     finally:
         peerlib.write_seen(seen_file, peerlib.SEEN)
     sys.exit(code)

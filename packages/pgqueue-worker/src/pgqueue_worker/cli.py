@@ -8,6 +8,7 @@ there (``PGQUEUE_QUEUE=emails,reports``).
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -229,8 +230,42 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Any:
 )
 @database_options
 @click.pass_context
-def worker(
-    ctx: click.Context,
+def worker(ctx: click.Context, **options: Any) -> None:
+    """Run task handlers on jobs claimed from the queue.
+
+    Handlers come from installed plugins, --plugin modules and --handlers dicts.
+    SIGTERM or SIGINT stops claiming and lets running jobs finish (exit 0); a second
+    signal exits at once. Exit status 1 means the shutdown timeout left jobs running,
+    2 that there was nothing to run or a flag was wrong.
+    """
+    ctx.exit(prepare_worker(**options).serve())
+
+
+@dataclass(frozen=True)
+class PreparedWorker:
+    """A worker built from ``pgqueue worker``'s flags, connected and checked, not yet
+    running."""
+
+    runner: Worker
+    queue: Queue
+    hooks: LifecycleHooks
+
+    def serve(self) -> int:
+        """Run until stopped by SIGTERM or SIGINT (or, with ``--burst``, out of jobs),
+        close the pool, and return the command's exit status."""
+        try:
+            with stop_on_signals(self.runner):
+                clean = self.runner.run()
+        finally:
+            self.queue.close()
+        if self.hooks.errors:
+            counts = ", ".join(f"{name} {n}" for name, n in sorted(self.hooks.errors.items()))
+            log.warning("lifecycle hooks raised and were ignored: %s", counts)
+        return 0 if clean else SHUTDOWN_TIMED_OUT_EXIT_CODE
+
+
+def prepare_worker(
+    *,
     queues: tuple[str, ...],
     concurrency: int,
     prefetch: int,
@@ -256,13 +291,11 @@ def worker(
     log_level: str,
     database_url: str | None,
     schema: str,
-) -> None:
-    """Run task handlers on jobs claimed from the queue.
-
-    Handlers come from installed plugins, --plugin modules and --handlers dicts.
-    SIGTERM or SIGINT stops claiming and lets running jobs finish (exit 0); a second
-    signal exits at once. Exit status 1 means the shutdown timeout left jobs running,
-    2 that there was nothing to run or a flag was wrong.
+) -> PreparedWorker:
+    """Everything ``pgqueue worker`` does before it starts claiming: logging, plugins and
+    handlers, the connection pool, the check that the schema is migrated, and the
+    :class:`Worker` itself. Takes the command's parsed flags, by their parameter names;
+    a wrong flag raises a click usage error, and no handlers at all exits with status 2.
     """
     worker_id = default_worker_id()
     logging_setup.configure(log_format, log_level, worker_id=worker_id)
@@ -281,7 +314,7 @@ def worker(
     handlers = merge_handlers(collect_tasks(pm), explicit)
     if not handlers:
         click.echo(NO_HANDLERS_HELP, err=True)
-        ctx.exit(NO_HANDLERS_EXIT_CODE)
+        raise click.exceptions.Exit(NO_HANDLERS_EXIT_CODE)
 
     url = resolve_url(database_url)
     hooks = LifecycleHooks(pm)
@@ -313,14 +346,10 @@ def worker(
             ),
             prune_interval=prune_interval,
         )
-        with stop_on_signals(runner):
-            clean = runner.run()
-    finally:
+    except BaseException:
         queue.close()
-    if hooks.errors:
-        counts = ", ".join(f"{name} {count}" for name, count in sorted(hooks.errors.items()))
-        log.warning("lifecycle hooks raised and were ignored: %s", counts)
-    ctx.exit(0 if clean else SHUTDOWN_TIMED_OUT_EXIT_CODE)
+        raise
+    return PreparedWorker(runner, queue, hooks)
 
 
 def _checked(function: Any, *args: Any, **kwargs: Any) -> Any:
