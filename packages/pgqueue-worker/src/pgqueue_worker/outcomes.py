@@ -2,9 +2,9 @@
 
 The claim loop hands each finished attempt's outcome here and goes straight on: while
 PostgreSQL commits one batch of acks, the next claim is already running and its jobs
-are being started. Outcomes that finish while a batch is
-being written form the next batch, so a busy worker writes large batches and an idle
-one writes each outcome at once.
+are being started. Outcomes that finish while a batch is being written form the next
+batch, so a busy worker writes large batches and an idle one writes each outcome at
+once.
 
 Successes are written together in one statement (``Queue.ack_many``), failures one at
 a time (``Queue.fail``, which computes each one's backoff). Every write is guarded by
