@@ -21,6 +21,18 @@ def test_claim_takes_many_jobs_in_priority_then_run_at_order(queue):
     assert all(j.worker_id == "w" and j.lease_expires_at > j.started_at for j in claimed)
 
 
+def test_a_claimed_job_is_its_row_as_the_claim_left_it(queue):
+    # The claim returns per row only what differs between rows; the rest (state,
+    # worker, start and lease expiry) comes once per claim and must match every row.
+    queue.enqueue("t", {"n": 1}, idempotency_key="k1", timeout_seconds=2.5)
+    queue.enqueue("t", {"n": 2}, priority=3, max_attempts=7)
+    claimed = queue.claim(["default"], ["t"], limit=5, lease_seconds=12.5, worker_id="w-9")
+    assert len(claimed) == 2
+    for job in claimed:
+        assert job == queue.get(job.id)
+    assert (claimed[0].lease_expires_at - claimed[0].started_at).total_seconds() == 12.5
+
+
 def test_claim_respects_limit_queues_tasks_and_run_at(queue):
     queue.enqueue("mine", queue="a")
     queue.enqueue("mine", queue="b")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import enum
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, fields
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, fields
 from datetime import datetime
 from operator import itemgetter
 from typing import Any
@@ -63,19 +63,35 @@ class Job:
         return cls(**values)
 
     @classmethod
-    def from_tuples(cls, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> list[Job]:
+    def from_tuples(
+        cls,
+        columns: Sequence[str],
+        rows: Iterable[Sequence[Any]],
+        shared: Mapping[str, Any] | None = None,
+    ) -> list[Job]:
         """Jobs from tuple rows whose column names are ``columns`` (a cursor's
-        description); columns this version does not know are ignored.
+        description); columns this version does not know are ignored. ``shared`` gives
+        fields whose value is the same for every row (a claim's state and start time),
+        which the rows then need not carry.
 
         The claim path builds thousands of jobs a second: this skips the frozen
-        dataclass's ``__init__``, which sets every field through ``object.__setattr__``.
+        dataclass's ``__init__``, which sets every field through ``object.__setattr__``,
+        and when the columns are the remaining fields in order (as the claim returns
+        them), it takes each row as it is.
         """
-        pick = itemgetter(*[list(columns).index(name) for name in _JOB_FIELDS])
+        shared = dict(shared or {})
+        names = tuple(name for name in _JOB_FIELDS if name not in shared)
+        values_of: Callable[[Sequence[Any]], Iterable[Any]]
+        if tuple(columns) == names:
+            values_of = iter
+        else:
+            values_of = itemgetter(*[list(columns).index(name) for name in names])
         jobs = []
         for row in rows:
             job = object.__new__(cls)
             values = job.__dict__
-            values.update(zip(_JOB_FIELDS, pick(row), strict=True))
+            values.update(zip(names, values_of(row), strict=True))
+            values.update(shared)
             values["state"] = _STATES[values["state"]]
             jobs.append(job)
         return jobs
@@ -83,19 +99,16 @@ class Job:
     def succeeded(self, result: Any, finished_at: datetime) -> Job:
         """This running job as its ack left it: succeeded with ``result``, lease cleared."""
         # A worker acks thousands of jobs a second; dataclasses.replace() re-runs the
-        # whole __init__ machinery for each, building the instance dict at once does not.
+        # whole __init__ machinery for each, copying the instance dict does not.
         job = object.__new__(Job)
-        object.__setattr__(
-            job,
-            "__dict__",
-            {
-                **self.__dict__,
-                "state": JobState.SUCCEEDED,
-                "result": result,
-                "finished_at": finished_at,
-                "lease_token": None,
-                "lease_expires_at": None,
-            },
+        values = job.__dict__
+        values.update(self.__dict__)
+        values.update(
+            state=JobState.SUCCEEDED,
+            result=result,
+            finished_at=finished_at,
+            lease_token=None,
+            lease_expires_at=None,
         )
         return job
 
@@ -121,15 +134,13 @@ class Lease:
 
     job_id: int
     token: uuid.UUID
-    _hash: int = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        # A worker keys its bookkeeping by lease and looks each one up several times
-        # per job; UUID.__hash__ is Python code, so hash once.
-        object.__setattr__(self, "_hash", hash((self.job_id, self.token)))
 
     def __hash__(self) -> int:
-        return self._hash
+        # A worker keys its bookkeeping by lease and looks each one up several times
+        # per job. UUID.__hash__ is Python code; the job id alone tells apart the
+        # leases a worker holds (two leases of one job differ only while a stale one
+        # is being settled, and equality still compares the tokens).
+        return hash(self.job_id)
 
 
 @dataclass(frozen=True)

@@ -75,12 +75,21 @@ SET state = 'running',
 -- By primary key, one row at a time: a join to the claimed ids lets the planner hash
 -- them and scan the whole table, which grows with the history the table holds.
 WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
--- Every column, the payload as text: the worker loads a whole claim's payloads with one
--- JSON parse, instead of one per row through the driver.
+-- Every column that differs between the claimed rows, in the order of pgqueue.Job's
+-- fields, the payload as text: the worker loads a whole claim's payloads with one JSON
+-- parse, instead of one per row through the driver. The columns this statement sets
+-- alike for every row (state, worker_id, started_at, lease_expires_at) come once, from
+-- job_claim_times in the same transaction: a claim returns hundreds of rows, and each
+-- timestamp costs the server and the client a conversion per row.
 RETURNING job.id, job.queue, job.task, job.payload::text AS payload, job.priority,
-          job.state, job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
-          job.lease_token, job.lease_expires_at, job.worker_id, job.enqueued_at,
-          job.started_at, job.finished_at, job.last_error, job.result, job.idempotency_key;
+          job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
+          job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.result,
+          job.idempotency_key;
+
+-- name: job_claim_times
+-- started_at and lease_expires_at as job_claim set them, run in its transaction after
+-- it: now() is the transaction's start time, and the expression is the claim's own.
+SELECT now() AS started_at, now() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at;
 
 -- name: job_heartbeat_many
 -- Extends every lease still held, and returns the ids of the leases that were lost.
