@@ -11,6 +11,7 @@ from processes import pgqueue_command
 from worker_support import FAST, TEST_PLUGIN, wait_until_state, worker_environment
 
 from pgqueue import JobState, Queue
+from pgqueue_worker.cli import GC_YOUNG_THRESHOLD
 
 pytestmark = pytest.mark.slow
 
@@ -162,6 +163,20 @@ def test_explicit_handlers_add_to_plugins_and_win_a_name_clash(start_worker, que
     assert queue.get(echo.id).result == {"word": "HI"}
     assert queue.get(whoami.id).result["pid"] == worker.pid
     assert "task 'echo' from worker_test_handlers:SHOUTING replaces" in worker.log()
+
+
+def test_the_worker_process_freezes_its_start_up_and_collects_young_garbage_less_often(
+    start_worker, queue: Queue
+) -> None:
+    job = queue.enqueue("garbage_collector", {}).job
+
+    worker = start_worker("--burst", "--handlers", "worker_test_handlers:INTROSPECTING")
+
+    assert worker.wait() == 0
+    result = queue.get(job.id).result
+    assert result["young_threshold"] == GC_YOUNG_THRESHOLD
+    # Modules, plugins and the pool, at least: thousands of objects.
+    assert result["frozen"] > 1000
 
 
 def test_a_bad_handlers_spec_is_a_usage_error(tmp_path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from typing import Any
 
 
@@ -10,4 +11,10 @@ def shout(payload: dict[str, Any]) -> dict[str, Any]:
     return {key: str(value).upper() for key, value in payload.items()}
 
 
+def garbage_collector(payload: dict[str, Any]) -> dict[str, Any]:
+    """How the worker process set up the garbage collector before running jobs."""
+    return {"young_threshold": gc.get_threshold()[0], "frozen": gc.get_freeze_count()}
+
+
 SHOUTING = {"echo": shout}
+INTROSPECTING = {"garbage_collector": garbage_collector}

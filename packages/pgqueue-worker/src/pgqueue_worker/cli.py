@@ -7,6 +7,7 @@ there (``PGQUEUE_QUEUE=emails,reports``).
 
 from __future__ import annotations
 
+import gc
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +39,8 @@ log = logging.getLogger("pgqueue.worker")
 
 NO_HANDLERS_EXIT_CODE = 2
 SHUTDOWN_TIMED_OUT_EXIT_CODE = 1
+# Allocations between two young-generation collections (Python's default is 700).
+GC_YOUNG_THRESHOLD = 10_000
 
 NO_HANDLERS_HELP = """\
 error: no task handlers, so this worker would have nothing to run. Add some:
@@ -253,6 +256,7 @@ class PreparedWorker:
     def serve(self) -> int:
         """Run until stopped by SIGTERM or SIGINT (or, with ``--burst``, out of jobs),
         close the pool, and return the command's exit status."""
+        _tune_garbage_collector()
         try:
             with stop_on_signals(self.runner):
                 clean = self.runner.run()
@@ -262,6 +266,21 @@ class PreparedWorker:
             counts = ", ".join(f"{name} {n}" for name, n in sorted(self.hooks.errors.items()))
             log.warning("lifecycle hooks raised and were ignored: %s", counts)
         return 0 if clean else SHUTDOWN_TIMED_OUT_EXIT_CODE
+
+
+def _tune_garbage_collector() -> None:
+    """Set up the cyclic garbage collector for a worker process, which allocates a
+    handful of short-lived objects per job, thousands of jobs a second.
+
+    Everything loaded so far (modules, plugins, the pool) lives as long as the process:
+    frozen, it is left out of the collector's full passes, which would otherwise walk
+    all of it again every few seconds and pause every thread meanwhile. A larger
+    first generation makes young collections rarer (at the default, one every few
+    dozen jobs); objects that survive one are still collected as before.
+    """
+    gc.freeze()
+    _, older, oldest = gc.get_threshold()
+    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 def prepare_worker(
