@@ -299,7 +299,9 @@ def main(argv: list[str] | None = None) -> None:
     )  # fmt: skip
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--workers", default="1,2,4", help="Worker process counts.")
-    parser.add_argument("--repeats", type=int, default=3)
+    # A throughput run lasts a fraction of a second, so one slow or fast draw moves a
+    # median of three: five make it steadier.
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--latency-jobs", type=int, default=1000)
     parser.add_argument("--latency-workers", type=int, default=2)
     parser.add_argument("--rate", type=float, default=100.0)
