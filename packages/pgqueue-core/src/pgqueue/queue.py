@@ -13,7 +13,7 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -411,16 +411,13 @@ class Queue:
         if params is None:
             return []
         with self._connection() as conn:
-            cur = jsonb.cursor(conn, tuples=True)
-            times_cur = conn.cursor()
             # Statements and COMMIT in one pipeline: a worker cut off after the claim
             # can never leave its transaction open on the server, holding the claimed
             # rows.
             with conn.pipeline():
-                cur.execute(self._sql("job_claim", mode), params)
-                times_cur.execute(self._sql("job_claim_times"), params)
+                claim = self._send_claim(conn, params, mode)
                 conn.commit()
-            claimed = _claimed_jobs(cur, times_cur, params)
+            claimed = claim()
         jobs = self._refuse_undecodable(claimed)
         self._notify_each("on_start", ({"job": job} for job in jobs))
         return jobs
@@ -514,23 +511,32 @@ class Queue:
         if storable or params is not None:
             with self._connection() as conn:
                 ack_cur = conn.cursor()
-                claim_cur = jsonb.cursor(conn, tuples=True)
-                times_cur = conn.cursor()
                 with conn.pipeline():
                     if storable:
                         ack_cur.execute(self._sql("job_ack_many"), _ack_params(storable))
                     if params is not None:
-                        claim_cur.execute(self._sql("job_claim", mode), params)
-                        times_cur.execute(self._sql("job_claim_times"), params)
+                        claim = self._send_claim(conn, params, mode)
                     conn.commit()
                 if storable:
                     written = _AckWritten(*ack_cur.fetchone())
                 if params is not None:
-                    claimed = _claimed_jobs(claim_cur, times_cur, params)
+                    claimed = claim()
         batch = self._settle_acks(storable, written, unstorable)
         claimed = self._refuse_undecodable(claimed)
         self._notify_each("on_start", ({"job": job} for job in claimed))
         return batch, claimed
+
+    def _send_claim(
+        self, conn: psycopg.Connection, params: Mapping[str, Any], mode: str
+    ) -> Callable[[], list[Job]]:
+        """Send job_claim and job_claim_times in ``conn``'s current transaction (and
+        pipeline); the function returned reads the claimed jobs once they have come
+        back, in claim order."""
+        rows = jsonb.cursor(conn, tuples=True)
+        times = conn.cursor()
+        rows.execute(self._sql("job_claim", mode), params)
+        times.execute(self._sql("job_claim_times"), params)
+        return lambda: _claimed_jobs(rows, times, params)
 
     def _settle_acks(
         self,
