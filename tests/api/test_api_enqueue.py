@@ -64,7 +64,7 @@ def test_delay_seconds_moves_run_at_after_enqueued_at(api: httpx.Client):
 
 def test_duplicate_idempotency_key_returns_200_with_the_existing_job(api: httpx.Client):
     first = api.post("/jobs", json={"task": "echo", "idempotency_key": "once"})
-    second = api.post("/jobs", json={"task": "other", "idempotency_key": "once"})
+    second = api.post("/jobs", json={"task": "echo", "idempotency_key": "once", "priority": 3})
     assert (first.status_code, second.status_code) == (201, 200)
     assert second.json() == first.json()
 
@@ -93,9 +93,9 @@ def test_batch_returns_jobs_in_request_order_with_created_flags(api: httpx.Clien
         json={
             "jobs": [
                 {"task": "a", "payload": {"n": 0}},
-                {"task": "b", "idempotency_key": "old"},
+                {"task": "echo", "idempotency_key": "old"},
                 {"task": "c", "idempotency_key": "new"},
-                {"task": "d", "idempotency_key": "new"},
+                {"task": "c", "idempotency_key": "new"},
                 {"task": "e", "queue": "other"},
             ]
         },

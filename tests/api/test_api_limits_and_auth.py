@@ -8,7 +8,12 @@ import httpx
 import pytest
 from api_support import TOKEN, RunningApi
 
-from pgqueue_api.settings import ApiSettings, SettingsError, read_token_file
+from pgqueue_api.settings import (
+    DEFAULT_MAX_BODY_BYTES,
+    ApiSettings,
+    SettingsError,
+    read_token_file,
+)
 
 MIB = 1024 * 1024
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -28,7 +33,9 @@ def test_two_mib_body_is_413(api: httpx.Client):
         "/jobs", content=_two_mib_json(), headers={"content-type": "application/json"}
     )
     assert response.status_code == 413
-    assert response.json()["detail"] == f"request body is larger than {MIB} bytes"
+    assert response.json()["detail"] == (
+        f"request body is larger than {DEFAULT_MAX_BODY_BYTES} bytes"
+    )
 
 
 def test_two_mib_chunked_body_without_length_is_413(api: httpx.Client):

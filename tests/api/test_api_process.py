@@ -4,7 +4,6 @@ with one clear line when something is wrong."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -15,8 +14,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from api_support import TOKEN, free_port
-from polling import wait_for
+from api_support import TOKEN, free_port, wait_until_healthy
+from processes import stop
 from psycopg import sql
 
 BIN = Path(sys.executable).parent
@@ -37,25 +36,10 @@ def running(command: list[str], port: int, env: dict[str, str]) -> Iterator[subp
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     try:
-
-        def healthy() -> bool:
-            if process.poll() is not None:
-                raise AssertionError(f"the API exited: {process.communicate()[1]}")
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=5).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        wait_for(healthy, timeout=60, interval=0.1)
+        wait_until_healthy(process, f"http://127.0.0.1:{port}", lambda: process.communicate()[1])
         yield process
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        stop([process], timeout=30)
 
 
 def test_pgqueue_api_with_two_workers_migrates_and_enqueues_over_http(database_url, db):

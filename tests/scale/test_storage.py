@@ -31,6 +31,8 @@ def _params(name: str) -> dict[str, Any]:
         "job_next_run_delay": common,
         "queue_stats": {},
         "queue_metrics_snapshot": {},
+        # No wait required: every queued job of the hot set is looked at.
+        "jobs_unserved": {"after_seconds": 0, "limit": 1000},
     }[name]
 
 
@@ -64,7 +66,14 @@ def hot_set(queue: Queue) -> None:
 
 @pytest.mark.parametrize(
     "name",
-    ["job_claim", "job_reap", "job_next_run_delay", "queue_stats", "queue_metrics_snapshot"],
+    [
+        "job_claim",
+        "job_reap",
+        "job_next_run_delay",
+        "queue_stats",
+        "queue_metrics_snapshot",
+        "jobs_unserved",
+    ],
 )
 def test_hot_path_statements_read_as_few_pages_with_history_as_without(
     name, queue, db, schema, hot_set, history

@@ -14,8 +14,10 @@ def _running_job() -> Job:
         id=1, queue="q", task="t", payload={"a": 1}, priority=0, state=JobState.RUNNING,
         run_at=NOW, attempts=2, max_attempts=5, timeout_seconds=None,
         lease_token=uuid.uuid4(), lease_expires_at=NOW, worker_id="w", enqueued_at=NOW,
-        started_at=NOW, finished_at=None, last_error="earlier", result=None,
-        idempotency_key=None,
+        started_at=NOW, finished_at=None, last_error="earlier",
+        errors=[{"attempt": 1, "failed_at": "2030-01-01T00:00:00+00:00", "worker_id": "w",
+                 "error": "earlier"}],
+        result=None, idempotency_key=None,
     )  # fmt: skip
 
 
@@ -24,8 +26,12 @@ def test_a_succeeded_copy_changes_only_what_the_ack_changes():
     running = _running_job()
     done = running.succeeded({"ok": True}, now)
     changed = {f.name for f in fields(Job) if getattr(done, f.name) != getattr(running, f.name)}
-    assert changed == {"state", "result", "finished_at", "lease_token", "lease_expires_at"}
+    assert changed == {
+        "state", "result", "finished_at", "lease_token", "lease_expires_at", "last_error"
+    }  # fmt: skip
     assert (done.state, done.result, done.lease_token) == (JobState.SUCCEEDED, {"ok": True}, None)
+    # A success ends the job's errors, and keeps their history.
+    assert done.last_error is None and done.errors == running.errors
     assert running.state is JobState.RUNNING and running.result is None  # untouched
 
 
@@ -39,6 +45,14 @@ def test_jobs_from_tuples_in_any_column_order_with_shared_fields():
     columns = ["unknown", *reversed(names)]
     assert Job.from_tuples(columns, [("x", *reversed(row))], shared) == [job]
     assert Job.from_tuples(names, [row], shared)[0].state is JobState.RUNNING
+
+
+def test_no_error_history_in_the_row_reads_as_an_empty_list():
+    job = _running_job()
+    names = [f.name for f in fields(Job)]
+    row = tuple(None if name == "errors" else getattr(job, name) for name in names)
+    assert Job.from_tuples(names, [row])[0].errors == []
+    assert Job.from_row(dict(zip(names, row, strict=True))).errors == []
 
 
 def test_leases_are_equal_only_with_the_same_token():

@@ -31,7 +31,10 @@ def test_a_killed_workers_job_runs_again_after_its_lease_expires(
     done = wait_until_state(queue, job.id, JobState.SUCCEEDED)
     assert done.attempts == 2
     assert done.result == {"attempt": 2, "pid": second.pid}
-    assert done.last_error.startswith("lease expired")
+    # A success clears last_error; the history keeps the attempt that was reaped.
+    assert done.last_error is None
+    [reaped] = done.errors
+    assert reaped["attempt"] == 1 and reaped["error"].startswith("lease expired")
 
 
 def test_a_stalled_workers_late_ack_is_rejected(start_worker, queue: Queue) -> None:
@@ -98,7 +101,8 @@ def test_a_job_timeout_fails_the_attempt_and_discards_the_late_result(
 
     after = queue.get(job.id)
     assert (after.attempts, after.result) == (2, {"attempt": 2})
-    assert after.last_error == "timed out after 0.3 s"
+    assert after.last_error is None
+    assert [e["error"] for e in after.errors] == ["timed out after 0.3 s"]
     assert after.finished_at == done.finished_at
     assert worker.worker.counts["timed_out"] == 1
 

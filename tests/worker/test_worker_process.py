@@ -11,7 +11,7 @@ from processes import pgqueue_command
 from worker_support import FAST, TEST_PLUGIN, wait_until_state, worker_environment
 
 from pgqueue import JobState, Queue
-from pgqueue_worker.cli import GC_YOUNG_THRESHOLD
+from pgqueue_worker.cli import GC_YOUNG_THRESHOLD, SHUTDOWN_TIMED_OUT_EXIT_CODE
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +98,7 @@ def test_shutdown_timeout_leaves_running_jobs_to_their_leases(start_worker, queu
 
     worker.signal(signal.SIGTERM)
 
-    assert worker.wait() == 1
+    assert worker.wait() == SHUTDOWN_TIMED_OUT_EXIT_CODE == 3
     assert "leaving 1 running jobs" in worker.log()
     assert queue.get(job.id).state is JobState.RUNNING
 

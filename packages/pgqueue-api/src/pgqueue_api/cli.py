@@ -2,8 +2,12 @@
 
 Everything is checked before uvicorn starts (database reachable, schema migrated, port
 free, token file readable), so a mistake is one clear line rather than a traceback.
-Settings reach the worker processes as environment variables (see
-:mod:`pgqueue_api.settings`), because uvicorn's workers import the app by name.
+
+Every flag can also be set by an environment variable (``--help`` names each one); a
+flag wins over its variable, which wins over the default. The settings then reach the
+worker processes as the environment variables of :mod:`pgqueue_api.settings`, because
+uvicorn's workers import the app by name: those a flag sets are written from the
+values click resolved, so nothing the user set is overwritten by a default.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import uvicorn.config
 
 from pgqueue import PgQueueError, migrations
 from pgqueue.cli import check_reachable, database_options, resolve_url
+from pgqueue.queue import error_line
 from pgqueue.settings import check_schema
 from pgqueue_api import settings as api_settings
 from pgqueue_api.settings import ApiSettings, SettingsError
@@ -28,58 +33,89 @@ from pgqueue_api.settings import ApiSettings, SettingsError
 APP_FACTORY = "pgqueue_api.app:create_app_from_env"
 
 
+def _option(*names: str, envvar: str | list[str], **kwargs: Any) -> Any:
+    """An option that can also come from ``envvar`` (shown in --help)."""
+    return click.option(*names, envvar=envvar, show_envvar=True, **kwargs)
+
+
 @click.command("api", context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option(
-    "--port", type=click.IntRange(1, 65535), default=8000, show_default=True, help="Port."
+@_option(
+    "--host",
+    envvar="PGQUEUE_API_HOST",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on.",
 )
-@click.option(
+@_option(
+    "--port",
+    envvar="PGQUEUE_API_PORT",
+    type=click.IntRange(1, 65535),
+    default=8000,
+    show_default=True,
+    help="Port.",
+)
+@_option(
     "--workers",
+    envvar="PGQUEUE_API_WORKERS",
     type=click.IntRange(1, 64),
     default=1,
     show_default=True,
     help="Worker processes, each with its own connection pool.",
 )
 @database_options
-@click.option(
+@_option(
     "--token-file",
+    envvar=api_settings.ENV_TOKEN_FILE,
     type=click.Path(dir_okay=False, path_type=Path),
-    help="File of bearer tokens, one per line; adds to PGQUEUE_API_TOKENS.",
+    help=f"File of bearer tokens, one per line; adds to {api_settings.ENV_TOKENS}.",
 )
-@click.option(
+@_option(
     "--public-metrics",
+    envvar=api_settings.ENV_PUBLIC_METRICS,
     is_flag=True,
     help="Serve /metrics without a token even when tokens are set.",
 )
-@click.option(
+@_option(
     "--max-body-bytes",
+    envvar=api_settings.ENV_MAX_BODY_BYTES,
     type=click.IntRange(1),
     default=api_settings.DEFAULT_MAX_BODY_BYTES,
     show_default=True,
     help="Larger request bodies get 413.",
 )
-@click.option(
+@_option(
     "--pool-size",
+    envvar=api_settings.ENV_POOL_SIZE,
     type=click.IntRange(1, 1000),
     default=api_settings.DEFAULT_POOL_SIZE,
     show_default=True,
     help="Database connections per worker process, at most.",
 )
-@click.option(
+@_option(
     "--no-prepare",
+    # The first is this command's own; the second is shared with `pgqueue worker`.
+    envvar=["PGQUEUE_API_NO_PREPARE", "PGQUEUE_NO_PREPARE"],
     is_flag=True,
-    envvar="PGQUEUE_NO_PREPARE",
-    help="No server-side prepared statements (PgBouncer in transaction mode).",
+    help="No server-side prepared statements (PgBouncer in transaction mode). "
+    f"{api_settings.ENV_PREPARE}=0 does the same.",
 )
-@click.option(
+@_option(
     "--migrate",
     "run_migrations",
+    envvar="PGQUEUE_API_MIGRATE",
     is_flag=True,
     help="Apply pending migrations first (otherwise the schema must be up to date).",
 )
-@click.option("--access-log/--no-access-log", default=True, show_default=True)
-@click.option(
+@_option(
+    "--access-log/--no-access-log",
+    envvar="PGQUEUE_API_ACCESS_LOG",
+    default=True,
+    show_default=True,
+    help="One log line per request.",
+)
+@_option(
     "--log-level",
+    envvar="PGQUEUE_API_LOG_LEVEL",
     type=click.Choice(["critical", "error", "warning", "info", "debug"]),
     default="info",
     show_default=True,
@@ -116,8 +152,12 @@ def api(
     except PgQueueError as exc:
         raise click.ClickException(str(exc)) from None
     except psycopg.Error as exc:
-        raise click.ClickException(f"database error: {_first_line(exc)}") from None
+        raise click.ClickException(f"database error: {error_line(exc)}") from None
 
+    # Each value is what click resolved: the flag, else its environment variable (the
+    # same one the settings read, so a variable is handed on as it was set), else the
+    # default. PGQUEUE_API_PREPARE=0 set by hand has no flag of its own: it is kept.
+    prepare = not no_prepare and api_settings.is_true(os.environ.get(api_settings.ENV_PREPARE, "1"))
     os.environ.update(
         {
             api_settings.ENV_DATABASE_URL: url,
@@ -125,16 +165,18 @@ def api(
             api_settings.ENV_PUBLIC_METRICS: "1" if public_metrics else "0",
             api_settings.ENV_MAX_BODY_BYTES: str(max_body_bytes),
             api_settings.ENV_POOL_SIZE: str(pool_size),
-            api_settings.ENV_PREPARE: "0" if no_prepare else "1",
+            api_settings.ENV_PREPARE: "1" if prepare else "0",
         }
     )
     if token_file is not None:
         os.environ[api_settings.ENV_TOKEN_FILE] = str(token_file.resolve())
     try:
-        ApiSettings.from_env()  # the workers build the same; fail here, once, if it is wrong
+        # The workers build the same; fail here, once, if it is wrong.
+        settings = ApiSettings.from_env()
     except (SettingsError, PgQueueError) as exc:
         raise click.ClickException(str(exc)) from None
     check_port_free(host, port)
+    click.echo(describe_settings(settings, workers), err=True)
 
     uvicorn.run(
         APP_FACTORY,
@@ -142,7 +184,7 @@ def api(
         host=host,
         port=port,
         workers=workers,
-        log_config=logging_config(),
+        log_config=logging_config(log_level),
         log_level=log_level,
         access_log=access_log,
     )
@@ -151,6 +193,21 @@ def api(
 def main() -> None:
     """The ``pgqueue-api`` console script."""
     api(prog_name="pgqueue-api")
+
+
+def describe_settings(settings: ApiSettings, workers: int) -> str:
+    """One line, printed at start-up, with the settings every worker process serves
+    with (so that an operator sees at once which of them came from where they meant)."""
+    processes = f"{workers} worker process{'es' if workers > 1 else ''}"
+    metrics = "public" if settings.public_metrics or not settings.auth_required else "token"
+    return (
+        f"pgqueue-api: schema {settings.schema}, {processes} with up to "
+        f"{settings.pool_size} database connections each, request bodies up to "
+        f"{settings.max_body_bytes} bytes, prepared statements "
+        f"{'on' if settings.prepare else 'off'}, "
+        f"{len(settings.tokens)} API token{'s' if len(settings.tokens) != 1 else ''}, "
+        f"/metrics {metrics}"
+    )
 
 
 def check_migrated(url: str, schema: str) -> None:
@@ -178,13 +235,13 @@ def check_port_free(host: str, port: int) -> None:
             raise click.ClickException(f"cannot listen on {host}:{port}: {reason}") from None
 
 
-def logging_config() -> dict[str, Any]:
-    """uvicorn's logging set-up, with pgqueue's own messages printed the same way."""
+def logging_config(level: str = "info") -> dict[str, Any]:
+    """uvicorn's logging set-up, with pgqueue's own messages printed the same way, at
+    the same ``--log-level``."""
     config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
-    config["loggers"]["pgqueue"] = {"handlers": ["default"], "level": "INFO", "propagate": False}
+    config["loggers"]["pgqueue"] = {
+        "handlers": ["default"],
+        "level": level.upper(),
+        "propagate": False,
+    }
     return config
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -21,7 +21,14 @@ from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
-from pgqueue import DatabaseUnavailable, InvalidTransition, JobNotFound, Queue, ValidationError
+from pgqueue import (
+    DatabaseUnavailable,
+    IdempotencyConflict,
+    InvalidTransition,
+    JobNotFound,
+    Queue,
+    ValidationError,
+)
 
 log = logging.getLogger("pgqueue.api")
 
@@ -57,6 +64,26 @@ def unavailable_response() -> Response:
     )
 
 
+def conflict_response(exc: IdempotencyConflict, *, in_batch: bool) -> Response:
+    """409 for an enqueue whose idempotency key belongs to a different job: one error per
+    field that differs, named as in the request (``payload``, or ``jobs[2].payload`` in a
+    batch)."""
+    errors = [
+        {
+            "field": f"jobs[{conflict.index}].{name}" if in_batch else name,
+            "message": f"differs from that of job {conflict.job_id}, "
+            f"which holds idempotency key {conflict.key!r}",
+        }
+        for conflict in exc.conflicts
+        for name in conflict.fields
+    ][:_ERRORS_MAX]
+    first = exc.conflicts[0]
+    where = f"jobs[{first.index}]: " if in_batch else ""
+    more = f" (and {len(exc.conflicts) - 1} more)" if len(exc.conflicts) > 1 else ""
+    detail = f"{where}{first.describe()}; nothing was enqueued{more}"
+    return error_response(409, detail, errors)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Register the handlers that turn exceptions into the API's error responses."""
     app.state.pool_repair = _PoolRepair()
@@ -64,6 +91,7 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(ValidationError, _value_invalid)
     app.add_exception_handler(JobNotFound, _job_not_found)
     app.add_exception_handler(InvalidTransition, _invalid_transition)
+    app.add_exception_handler(IdempotencyConflict, _idempotency_conflict)
     app.add_exception_handler(DatabaseUnavailable, _database_unavailable)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _internal_error)
@@ -137,6 +165,13 @@ async def _job_not_found(request: Request, exc: Exception) -> Response:
 
 async def _invalid_transition(request: Request, exc: Exception) -> Response:
     return error_response(409, str(exc))
+
+
+async def _idempotency_conflict(request: Request, exc: Exception) -> Response:
+    # The enqueue routes answer with field names of their own (conflict_response);
+    # this covers any other route.
+    assert isinstance(exc, IdempotencyConflict)
+    return conflict_response(exc, in_batch=False)
 
 
 class _ThrottledWarning:

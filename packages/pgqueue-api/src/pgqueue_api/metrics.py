@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from pgqueue import JobState, Queue
-from pgqueue.queue import MetricsSnapshot
+from pgqueue.queue import UNSERVED_AFTER_SECONDS, MetricsSnapshot
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 """The Prometheus text exposition format that ``generate_latest`` writes."""
@@ -62,6 +62,15 @@ def families(snapshot: MetricsSnapshot) -> list[Metric]:
         "starting it, by queue.",
         labels=["queue"],
     )
+    unserved = GaugeMetricFamily(
+        "pgqueue_jobs_unserved",
+        f"Queued jobs runnable for over {UNSERVED_AFTER_SECONDS:g} s while no job of their "
+        "queue and task was running: most likely no running worker serves their task in "
+        "their queue. By queue and task; only pairs with such jobs appear.",
+        labels=["queue", "task"],
+    )
+    for entry in snapshot.unserved:
+        unserved.add_metric([entry.queue, entry.task], entry.jobs)
     bounds = [floatToGoString(bound) for bound in snapshot.start_bounds]
     for queue in snapshot.queues:
         for state in JobState:
@@ -74,7 +83,7 @@ def families(snapshot: MetricsSnapshot) -> list[Metric]:
             buckets=list(zip(bounds, cumulative, strict=True)),
             sum_value=queue.start_seconds_sum,
         )
-    return [jobs, completed, failures, start_latency]
+    return [jobs, completed, failures, start_latency, unserved]
 
 
 def metrics_registry(queue: Queue) -> CollectorRegistry:

@@ -18,10 +18,12 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic_core import to_json
 from starlette.concurrency import run_in_threadpool
 
+from pgqueue import IdempotencyConflict, JobSpec, Queue, ValidationError, validation
 from pgqueue import Job as StoredJob
-from pgqueue import JobSpec, Queue, ValidationError
 from pgqueue_api import schemas
+from pgqueue_api.errors import conflict_response
 from pgqueue_api.schemas import (
+    IDEMPOTENCY_CONFLICT,
     INVALID,
     JOB_ID_MAX,
     NOT_FOUND,
@@ -82,7 +84,14 @@ def _job_response(action: Callable[[int], StoredJob], job_id: int) -> Response:
     summary="Enqueue a job",
     responses={
         201: {"description": "The job was created."},
-        200: {"model": schemas.Job, "description": "The idempotency key belongs to this job."},
+        200: {
+            "model": schemas.Job,
+            "description": (
+                "The idempotency key belongs to this job, which has the same task, queue "
+                "and payload."
+            ),
+        },
+        **IDEMPOTENCY_CONFLICT,
         **TOO_LARGE,
         **INVALID,
         **UNAVAILABLE,
@@ -90,12 +99,17 @@ def _job_response(action: Callable[[int], StoredJob], job_id: int) -> Response:
 )
 async def enqueue_job(job: JobCreate, queue: QueueDep) -> Response:
     """Add a job. With an `idempotency_key` that a job in the table already has, that job
-    is returned with 200 instead, also when the duplicates arrive at the same time."""
+    is returned with 200 instead, also when the duplicates arrive at the same time;
+    if that job has another task, queue or payload, the answer is 409 naming what
+    differs (priority and timing are not compared)."""
     return await run_in_threadpool(_enqueue_one, queue, job)
 
 
 def _enqueue_one(queue: Queue, job: JobCreate) -> Response:
-    outcome = queue.enqueue_many([job_spec(job)])[0]
+    try:
+        outcome = queue.enqueue_many([job_spec(job)])[0]
+    except IdempotencyConflict as exc:
+        return conflict_response(exc, in_batch=False)
     return json_response(job_body(outcome.job), 201 if outcome.created else 200)
 
 
@@ -104,12 +118,13 @@ def _enqueue_one(queue: Queue, job: JobCreate) -> Response:
     status_code=201,
     response_model=BatchCreated,
     summary="Enqueue many jobs",
-    responses={**TOO_LARGE, **INVALID, **UNAVAILABLE},
+    responses={**IDEMPOTENCY_CONFLICT, **TOO_LARGE, **INVALID, **UNAVAILABLE},
 )
 async def enqueue_jobs(batch: JobBatchCreate, queue: QueueDep) -> Response:
     """Add up to 1,000 jobs in one statement: all of them or, on any error, none. Items
     come back in request order, each saying whether it was created or its idempotency
-    key already belonged to a job."""
+    key already belonged to a job. An item whose key belongs to a job with another task,
+    queue or payload makes the answer 409, naming it, and nothing is enqueued."""
     return await run_in_threadpool(_enqueue_many, queue, batch)
 
 
@@ -120,7 +135,12 @@ def _enqueue_many(queue: Queue, batch: JobBatchCreate) -> Response:
             specs.append(job_spec(job))
         except ValidationError as exc:
             raise ValidationError(f"jobs[{index}].{exc.field}", exc.message) from None
-    outcomes = queue.enqueue_many(specs)
+    try:
+        outcomes = queue.enqueue_many(specs)
+    except validation.TooLarge as exc:
+        raise ValidationError(f"jobs[{exc.index}].payload", exc.message) from None
+    except IdempotencyConflict as exc:
+        return conflict_response(exc, in_batch=True)
     items = [{"created": outcome.created, "job": job_body(outcome.job)} for outcome in outcomes]
     return json_response({"items": items}, 201)
 

@@ -52,7 +52,8 @@ async def list_queues(queue: QueueDep) -> QueueList:
 async def metrics(request: Request) -> Response:
     """`pgqueue_jobs{queue,state}`, `pgqueue_jobs_completed_total`,
     `pgqueue_job_failures_total` and the `pgqueue_enqueue_to_start_seconds` histogram,
-    all read from one database snapshot."""
+    all read from one database snapshot, and `pgqueue_jobs_unserved{queue,task}`: queued
+    jobs runnable for over five minutes with no job of their queue and task running."""
     text = await run_in_threadpool(render, request.app.state.metrics_registry)
     return Response(text, media_type=CONTENT_TYPE)
 

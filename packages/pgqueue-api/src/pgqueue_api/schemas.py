@@ -25,6 +25,7 @@ from pydantic import (
 
 from pgqueue import Job as StoredJob
 from pgqueue import JobState, QueueStats, validation
+from pgqueue.job import ERROR_HISTORY_CHARS, ERRORS_KEPT
 
 MAX_BATCH_JOBS = 1000
 LIST_LIMIT_MAX = 1000
@@ -152,6 +153,17 @@ class JobBatchCreate(_Request):
     )
 
 
+class JobError(_Response):
+    """One failed attempt of a job."""
+
+    attempt: int = Field(description="Which attempt failed, counted from 1.")
+    failed_at: datetime = Field(description="When the failure was recorded.")
+    worker_id: str | None = Field(description="The worker that had claimed the attempt.")
+    error: str = Field(
+        description=f"What went wrong (at most {ERROR_HISTORY_CHARS} characters of it)."
+    )
+
+
 class Job(_Response):
     """A job as stored."""
 
@@ -170,7 +182,15 @@ class Job(_Response):
     max_attempts: int = Field(description="Claims allowed before the job is dead.")
     timeout_seconds: float | None = Field(description="Time limit of one attempt, if any.")
     idempotency_key: str | None = Field(description="The key it was enqueued with, if any.")
-    last_error: str | None = Field(description="The error of the latest failed attempt.")
+    last_error: str | None = Field(
+        description="The error of the latest failed attempt; null once the job has succeeded."
+    )
+    errors: list[JobError] = Field(
+        description=(
+            f"The failed attempts, oldest first: the latest {ERRORS_KEPT} are kept, also "
+            "after the job has succeeded."
+        )
+    )
     result: Any = Field(description="What the task returned, once the job has succeeded.")
     worker_id: str | None = Field(description="The worker that claimed the latest attempt.")
     enqueued_at: datetime = Field(description="When the job was enqueued.")
@@ -283,6 +303,15 @@ INVALID: dict[int | str, dict[str, Any]] = {
 }
 TOO_LARGE: dict[int | str, dict[str, Any]] = {
     413: {"model": ErrorResponse, "description": "The body is larger than the API accepts."}
+}
+IDEMPOTENCY_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {
+        "model": ErrorResponse,
+        "description": (
+            "The idempotency key belongs to a job with another task, queue or payload; "
+            "`errors` names what differs. Nothing was enqueued."
+        ),
+    }
 }
 NOT_FOUND: dict[int | str, dict[str, Any]] = {
     404: {"model": ErrorResponse, "description": "No job has this id."}

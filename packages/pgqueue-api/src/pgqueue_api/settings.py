@@ -2,7 +2,9 @@
 
 Settings come from environment variables (:meth:`ApiSettings.from_env`): the command line
 turns its flags into them before it starts uvicorn, so every worker process, which
-imports the app by name, builds the same settings.
+imports the app by name, builds the same settings. Each flag also reads the variable it
+writes (``--max-body-bytes`` reads ``PGQUEUE_API_MAX_BODY_BYTES``), so a variable set by
+hand reaches the app unless a flag overrides it.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from pgqueue import validation
 from pgqueue.settings import DEFAULT_SCHEMA, check_schema, resolve_database_url
 
-DEFAULT_MAX_BODY_BYTES = 1_048_576
+DEFAULT_MAX_BODY_BYTES = validation.PAYLOAD_MAX_BYTES + 65_536
+"""Room for the largest payload the queue takes, and the job's other fields around it."""
 DEFAULT_POOL_SIZE = 10
 DEFAULT_POOL_TIMEOUT = 5.0
 DEFAULT_HEALTH_TIMEOUT = 2.0
@@ -50,9 +54,9 @@ class ApiSettings:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     pool_size: int = DEFAULT_POOL_SIZE
     pool_timeout: float = DEFAULT_POOL_TIMEOUT
+    """How long a request waits for a free database connection before it gets 503."""
     prepare: bool = True
     """Server-side prepared statements; off behind PgBouncer in transaction mode."""
-    """How long a request waits for a free database connection before it gets 503."""
     health_timeout: float = DEFAULT_HEALTH_TIMEOUT
     """How long ``/healthz`` waits for the database before it answers 503."""
 
@@ -83,11 +87,16 @@ class ApiSettings:
             database_url=env.get(ENV_DATABASE_URL) or resolve_database_url(None),
             schema=env.get(ENV_SCHEMA) or DEFAULT_SCHEMA,
             tokens=frozenset(tokens),
-            public_metrics=env.get(ENV_PUBLIC_METRICS, "").lower() in _TRUE,
+            public_metrics=is_true(env.get(ENV_PUBLIC_METRICS, "")),
             max_body_bytes=_int(env, ENV_MAX_BODY_BYTES, DEFAULT_MAX_BODY_BYTES),
             pool_size=_int(env, ENV_POOL_SIZE, DEFAULT_POOL_SIZE),
-            prepare=env.get(ENV_PREPARE, "1").lower() in _TRUE,
+            prepare=is_true(env.get(ENV_PREPARE, "1")),
         )
+
+
+def is_true(text: str) -> bool:
+    """A switch's value from the environment: 1, true, yes or on (any case) is on."""
+    return text.strip().lower() in _TRUE
 
 
 def parse_token_list(text: str) -> list[str]:

@@ -85,8 +85,12 @@ def outcome(jobs: list[Job]) -> Outcome:
         jobs=len(jobs),
         succeeded=len(succeeded),
         failed_attempts=sum(job.attempts for job in jobs) - len(succeeded),
+        # A job that succeeded after its lease expired keeps that in its error history;
+        # last_error is cleared by the success.
         jobs_with_expired_lease=sum(
-            1 for job in jobs if (job.last_error or "").startswith("lease expired")
+            1
+            for job in jobs
+            if any(entry["error"].startswith("lease expired") for entry in job.errors)
         ),
         last_finished_at=max(finished_at) if finished_at else None,
     )

@@ -3,6 +3,8 @@
 from pgqueue.backoff import backoff_seconds
 from pgqueue.errors import (
     DatabaseUnavailable,
+    IdempotencyConflict,
+    IdempotencyMismatch,
     InvalidTransition,
     JobNotFound,
     LeaseLost,
@@ -20,6 +22,8 @@ __all__ = [
     "AckBatch",
     "DatabaseUnavailable",
     "EnqueueResult",
+    "IdempotencyConflict",
+    "IdempotencyMismatch",
     "InvalidTransition",
     "Job",
     "JobNotFound",

@@ -15,19 +15,21 @@ from importlib import metadata
 from typing import Any
 
 import click
+import pluggy
 import psycopg
 
 from pgqueue import embedded, migrations
 from pgqueue.dev import dev
 from pgqueue.errors import NoDatabaseConfigured, PgQueueError
 from pgqueue.job import FINISHED_STATES, JobState
-from pgqueue.plugins import describe_plugins, get_plugin_manager
-from pgqueue.queue import Queue
+from pgqueue.plugins import BrokenPlugin, describe_plugins, get_plugin_manager, plugin_error
+from pgqueue.queue import UNSERVED_AFTER_SECONDS, Queue, error_line
 from pgqueue.settings import DEFAULT_QUEUE, DEFAULT_SCHEMA, check_schema, resolve_database_url
 
 COMMANDS_GROUP = "pgqueue.commands"
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+_MISSING_RELATION = re.compile(r'relation "(?:([a-z_][a-z0-9_]*)\.)?[^"]*" does not exist')
 
 
 class PgQueueGroup(click.Group):
@@ -49,9 +51,13 @@ class PgQueueGroup(click.Group):
             return None
         try:
             return entry_point.load()
-        except ImportError as exc:
+        except Exception as exc:
             # A broken add-on must not take the whole CLI down with it.
-            click.echo(f"warning: command {cmd_name!r} could not be loaded: {exc}", err=True)
+            click.echo(
+                f"warning: command {cmd_name!r} ({entry_point.value}) could not be loaded: "
+                f"{type(exc).__name__}: {error_line(exc)}",
+                err=True,
+            )
             return None
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -59,6 +65,18 @@ class PgQueueGroup(click.Group):
             return super().invoke(ctx)
         except PgQueueError as exc:
             raise click.ClickException(str(exc)) from None
+        except psycopg.errors.UndefinedTable as exc:
+            # The commands check the schema before they start; this is for a schema
+            # dropped or never migrated behind the check's back, or a command that has none.
+            match = _MISSING_RELATION.search(str(exc))
+            schema = match[1] if match and match[1] else DEFAULT_SCHEMA
+            raise click.ClickException(
+                f"{not_migrated(schema)} ({error_line(exc).split(';')[0]})"
+            ) from None
+        except pluggy.PluginValidationError as exc:
+            raise click.ClickException(plugin_error(exc)) from None
+        except psycopg.OperationalError as exc:
+            raise click.ClickException(f"database error: {error_line(exc)}") from None
 
 
 def database_options(command: Callable[..., Any]) -> Callable[..., Any]:
@@ -94,21 +112,48 @@ def resolve_url(database_url: str | None) -> str:
         raise click.UsageError(str(exc)) from None
 
 
+def connect_checked(url: str) -> psycopg.Connection:
+    """A connection to ``url``, or a one-line error that keeps everything libpq said
+    (host, port, cause and hint)."""
+    try:
+        return psycopg.connect(url, connect_timeout=5)
+    except psycopg.Error as exc:
+        raise click.ClickException(f"cannot connect to the database: {error_line(exc)}") from None
+
+
 def check_reachable(url: str) -> None:
     """Fail with one clear line if the database cannot be reached."""
-    try:
-        with psycopg.connect(url, connect_timeout=5):
-            pass
-    except psycopg.Error as exc:
-        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        raise click.ClickException(f"cannot connect to the database: {reason}") from None
+    with connect_checked(url):
+        pass
+
+
+def not_migrated(schema: str, missing: list[int] | None = None) -> str:
+    """The one line that says a schema lacks migrations, and the command that applies
+    them."""
+    command = "pgqueue migrate" + ("" if schema == DEFAULT_SCHEMA else f" --schema {schema}")
+    what = f"lacks migrations {', '.join(map(str, missing))}" if missing else "is not migrated"
+    return f"schema {schema} {what}: run `{command}`"
+
+
+def check_migrated(conn: psycopg.Connection, schema: str) -> None:
+    """Fail with one clear line unless ``schema`` has every migration this version of
+    pgqueue ships (a command on an older or missing schema would otherwise fail
+    half-way with a traceback)."""
+    done = set(migrations.applied(conn, schema))
+    shipped = [m.version for m in migrations.available()]
+    missing = [version for version in shipped if version not in done]
+    if missing:
+        raise click.ClickException(
+            not_migrated(schema, None if len(missing) == len(shipped) else missing)
+        )
 
 
 def open_queue(database_url: str | None, schema: str, **options: Any) -> Queue:
-    """A Queue on the command's database, checked reachable first."""
+    """A Queue on the command's database, checked reachable and migrated first."""
     url = resolve_url(database_url)
     check_schema(schema)
-    check_reachable(url)
+    with connect_checked(url) as conn:
+        check_migrated(conn, schema)
     # A one-shot command runs each statement a few times at most, so server-side
     # prepared statements gain it nothing, and without them every command also works
     # through PgBouncer in transaction mode (pgqueue prune runs one statement per batch).
@@ -178,14 +223,19 @@ def enqueue(
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @database_options
 def status(database_url: str | None, schema: str, as_json: bool) -> None:
-    """Counts of jobs per queue and state."""
+    """Counts of jobs per queue and state.
+
+    The unserved column counts queued jobs that have been runnable for over five minutes
+    while no job of their queue and task was running: most likely no running worker
+    serves their task in their queue (a misspelt task name, a queue nobody serves).
+    The tasks are listed below the table."""
     with open_queue(database_url, schema) as queue:
         stats = queue.stats()
     if as_json:
         _echo_json([s.__dict__ for s in stats])
         return
     states = [s.value for s in JobState]
-    header = ["queue", *states, "oldest runnable"]
+    header = ["queue", *states, "oldest runnable", "unserved"]
     rows = [
         [
             s.queue,
@@ -193,6 +243,7 @@ def status(database_url: str | None, schema: str, as_json: bool) -> None:
             "-"
             if s.oldest_runnable_age_seconds is None
             else f"{s.oldest_runnable_age_seconds:.1f}s",
+            str(sum(s.unserved.values())),
         ]
         for s in stats
     ]
@@ -204,13 +255,22 @@ def status(database_url: str | None, schema: str, as_json: bool) -> None:
         click.echo(
             "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip()
         )
+    unserved = [(s.queue, task, jobs) for s in stats for task, jobs in s.unserved.items()]
+    if unserved:
+        click.echo("")
+        after = f"{UNSERVED_AFTER_SECONDS / 60:g} minutes"
+        for queue_name, task, jobs in unserved:
+            click.echo(
+                f"unserved: {jobs} {task!r} jobs in queue {queue_name!r} runnable for over "
+                f"{after}, none running: is a worker serving task {task!r} in that queue?"
+            )
 
 
 @main.command("job")
 @click.argument("job_id", type=int)
 @database_options
 def show_job(job_id: int, database_url: str | None, schema: str) -> None:
-    """Show one job as JSON."""
+    """Show one job as JSON, with the errors of its failed attempts (the latest 20)."""
     with open_queue(database_url, schema) as queue:
         _echo_json(queue.get(job_id).to_dict())
 
@@ -263,16 +323,29 @@ def prune(
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def plugins(as_json: bool) -> None:
-    """Installed plugins, with their versions, tasks and hooks."""
-    infos = describe_plugins(get_plugin_manager())
+    """Installed plugins, with their versions, tasks and hooks.
+
+    A plugin that fails to load is listed with its entry point and error after the
+    others, and the command then exits with status 1.
+    """
+    broken: list[BrokenPlugin] = []
+    infos = describe_plugins(get_plugin_manager(broken=broken))
     if as_json:
-        _echo_json([info.__dict__ for info in infos])
-        return
-    for info in infos:
-        version = f" {info.version}" if info.version else " (built in)"
-        click.echo(f"{info.name}{version}")
-        click.echo(f"  tasks: {', '.join(info.tasks) or '-'}")
-        click.echo(f"  hooks: {', '.join(info.hooks) or '-'}")
+        _echo_json([info.__dict__ for info in infos] + [b.__dict__ for b in broken])
+    else:
+        for info in infos:
+            version = f" {info.version}" if info.version else " (built in)"
+            click.echo(f"{info.name}{version}")
+            click.echo(f"  tasks: {', '.join(info.tasks) or '-'}")
+            click.echo(f"  hooks: {', '.join(info.hooks) or '-'}")
+        for plugin in broken:
+            version = f" {plugin.version}" if plugin.version else ""
+            click.echo(f"{plugin.name}{version} (failed to load)")
+            click.echo(f"  entry point: {plugin.entry_point}")
+            click.echo(f"  error: {plugin.error}")
+    if broken:
+        names = ", ".join(plugin.name for plugin in broken)
+        raise click.ClickException(f"{len(broken)} plugin(s) failed to load: {names}")
 
 
 @main.group()

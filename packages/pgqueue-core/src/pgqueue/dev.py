@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from typing import IO
 
 import click
@@ -25,6 +26,8 @@ from pgqueue import embedded, migrations
 from pgqueue.settings import DEFAULT_SCHEMA
 
 STOP_TIMEOUT_SECONDS = 30.0
+# The subcommands `pgqueue dev` runs, and the distributions that add them to `pgqueue`.
+NEEDED_COMMANDS = {"api": "pgqueue-api", "worker": "pgqueue-worker"}
 
 
 @dataclass
@@ -92,8 +95,22 @@ def _stop(children: Sequence[Child]) -> int:
     return worst
 
 
+def check_commands_installed() -> None:
+    """Fail with one line, before starting anything, if a distribution whose command
+    ``pgqueue dev`` runs is not installed (its child would only say ``No such command``)."""
+    installed = {ep.name for ep in metadata.entry_points(group="pgqueue.commands")}
+    missing = [dist for command, dist in NEEDED_COMMANDS.items() if command not in installed]
+    if missing:
+        which = " and ".join(missing)
+        raise click.ClickException(
+            f"pgqueue dev needs {which}, which {'is' if len(missing) == 1 else 'are'} "
+            f"not installed: pip install {' '.join(missing)}"
+        )
+
+
 def run_dev(host: str, port: int, schema: str, concurrency: int) -> int:
     """Start everything, stream logs until Ctrl-C or a child exits, stop everything."""
+    check_commands_installed()
     if not port_is_free(host, port):
         raise click.ClickException(f"port {port} on {host} is taken: pass --port to use another")
     click.echo("starting the embedded PostgreSQL in ./.pgdata ...")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 
 class PgQueueError(Exception):
     """Base class of every error pgqueue raises on purpose."""
@@ -45,6 +47,49 @@ class LeaseLost(PgQueueError):
             f"lease on job {job_id} was lost (reaped, cancelled or claimed again); outcome discarded"
         )
         self.job_id = job_id
+
+
+@dataclass(frozen=True)
+class IdempotencyMismatch:
+    """One enqueued item whose idempotency key belongs to a job that differs from it."""
+
+    index: int
+    """The item's position in the ``enqueue_many`` input, from 0."""
+    key: str
+    job_id: int
+    """The job that holds the key."""
+    fields: tuple[str, ...]
+    """Which of ``task``, ``queue`` and ``payload`` differ, in that order."""
+
+    def describe(self) -> str:
+        """'idempotency key 'k' belongs to job 42, whose task and payload differ'."""
+        differ = " and ".join(self.fields)
+        verb = "differs" if len(self.fields) == 1 else "differ"
+        return (
+            f"idempotency key {self.key!r} belongs to job {self.job_id}, whose {differ} {verb}"
+            " from this one's"
+        )
+
+
+class IdempotencyConflict(PgQueueError):
+    """An idempotency key is already taken by a job with a different task, queue or
+    payload: the enqueue is refused (nothing is written) instead of answering with a job
+    that is not the one asked for. Repeats with the same task, queue and payload still
+    return the existing job.
+
+    ``conflicts`` lists every such item of the call, in input order; ``job_id``,
+    ``key`` and ``fields`` are the first one's.
+    """
+
+    def __init__(self, conflicts: list[IdempotencyMismatch], *, items: int = 1) -> None:
+        first = conflicts[0]
+        where = f"item {first.index}: " if items > 1 else ""
+        more = f" (and {len(conflicts) - 1} more)" if len(conflicts) > 1 else ""
+        super().__init__(f"{where}{first.describe()}; use a new key for a different job{more}")
+        self.conflicts = conflicts
+        self.job_id = first.job_id
+        self.key = first.key
+        self.fields = first.fields
 
 
 class DatabaseUnavailable(PgQueueError):

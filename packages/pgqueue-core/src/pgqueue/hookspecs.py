@@ -4,13 +4,35 @@ Plugins are modules or objects with functions marked ``@pgqueue.hookimpl`` and n
 after these specs, registered through the ``pgqueue`` entry-point group. A plugin
 implements only the hooks it needs, and may accept only some of their arguments.
 
-Lifecycle hooks (``on_*``) are notifications: they run after the state change has
-committed, in the process that made it (a worker, the reaper, the API). They return
-nothing, and one that raises is logged and counted and changes nothing.
+Lifecycle hooks (``on_*``) are notifications. They return nothing, and one that
+raises is logged and counted and changes nothing: the other implementations still
+run, and so does the job. They are called through pluggy, so ``wrapper=True`` (and
+old-style ``hookwrapper=True``) implementations wrap them and
+``PluginManager.add_hookcall_monitoring`` sees every call.
 
-They run on more than one thread: in a worker, ``on_start`` on the thread that claims,
-``on_success``, ``on_fail`` and ``on_dead`` on the thread that writes outcomes, and the
-reaper's on its own; in the API, on the request's. An implementation that keeps state
+When each one runs, relative to the commit of the change it reports:
+
+- ``on_start``: in the worker, on the thread that runs the handler, just before the
+  handler is called: after the claim committed, and after the wait for a free slot of
+  a job claimed ahead. An attempt called off before its handler started (cancelled,
+  lease lost) gets none. ``Queue.claim`` runs no hook.
+- ``on_success``, ``on_fail``, ``on_dead``: after the statement that records the
+  outcome committed, in the process that wrote it (the worker's outcome writer, or
+  the reaper for an expired lease). So a job's ``on_success`` may come after later
+  jobs' ``on_start``.
+- ``on_cancel``, ``on_retry``: after the change committed, in the process that made it,
+  not in a worker running the job. Hooks run only where a Queue was given them
+  (``Queue(..., hooks=LifecycleHooks(pm))``, as ``pgqueue worker`` does): the HTTP API
+  and the ``pgqueue cancel`` / ``retry`` commands load no plugins and run none.
+
+A hook runs once the commit is done, never inside the transaction: if the process
+dies in between, the hook does not run for that change (lifecycle hooks are at most
+once; the jobs table is the record).
+
+They run on more than one thread: in a worker, ``on_start`` on the handler's slot
+thread (the event loop's thread for ``async def`` handlers: keep it quick), the
+outcome hooks on the thread that writes outcomes (the claimer's, for a payload that
+cannot be decoded), and the reaper's on its own. An implementation that keeps state
 must guard it with a lock.
 """
 
@@ -32,18 +54,35 @@ hookimpl = pluggy.HookimplMarker("pgqueue")
 def register_tasks(register: Callable[..., None]) -> None:
     """Register task handlers.
 
-    Call ``register(name, handler, timeout_seconds=None)`` once per task. ``handler``
-    is called with the job's payload (a dict), and also with ``job=`` (the
-    :class:`~pgqueue.Job`, for its id and attempt number) if it declares a ``job``
-    parameter. It returns a JSON-serialisable result; an ``async def`` handler is
-    awaited on the worker's event loop. ``timeout_seconds``
-    is the task's default per-attempt limit, used when a job carries none.
+    Call ``register(name, handler, timeout_seconds=None)`` once per task. The
+    handler's signature says what it is given:
+
+    - ``def handler(payload)``: the job's payload (a dict); any name but ``job``;
+    - ``def handler(job)``: the :class:`~pgqueue.Job` (its payload is ``job.payload``),
+      when its only parameter is named ``job``;
+    - ``def handler(payload, job)``: both, the Job as ``job=`` (``job`` may be
+      keyword-only).
+
+    Further parameters need defaults. Any other signature is refused when it is
+    registered, with an error naming the task (``pgqueue worker`` does not start).
+
+    It returns a JSON-serialisable result; an ``async def`` handler is awaited on the
+    worker's event loop. ``timeout_seconds`` is the task's default per-attempt limit,
+    used when a job carries none.
+
+    A plain-function handler cannot be interrupted: when the worker calls its attempt
+    off (the job was cancelled, the lease was lost, the attempt timed out) it runs on,
+    and its outcome is discarded. One that runs long takes ``job`` and checks
+    ``job.cancelled`` (or sleeps with ``job.wait_cancelled(seconds)``) to return early.
+    An ``async def`` handler is cancelled (``asyncio.CancelledError``).
     """
 
 
 @hookspec
 def on_start(job: Job) -> None:
-    """A job was claimed and is about to run (``job.attempts`` is this attempt's number)."""
+    """A job's handler is about to be called (``job.attempts`` is this attempt's
+    number). Runs on the handler's thread, after the claim committed, and counts
+    against the attempt's time limit; see the module's documentation."""
 
 
 @hookspec
@@ -69,7 +108,8 @@ def on_dead(job: Job) -> None:
 
 @hookspec
 def on_cancel(job: Job) -> None:
-    """A queued or running job was cancelled. A running attempt's outcome is discarded."""
+    """A queued or running job was cancelled. A running attempt's outcome is discarded,
+    and its worker calls it off (``job.cancelled``) when its heartbeat learns of it."""
 
 
 @hookspec

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
@@ -27,6 +28,11 @@ class JobState(enum.StrEnum):
 
 
 FINISHED_STATES = tuple(state for state in JobState if state.finished)
+ERRORS_KEPT = 20
+"""How many failed attempts a job's ``errors`` history keeps (the latest ones); each
+entry's error is cut to ERROR_HISTORY_CHARS characters. Both are applied by the SQL
+statements that record failures (``job_fail``, ``job_reap``)."""
+ERROR_HISTORY_CHARS = 2000
 # By value: a dict lookup costs a fraction of calling the enum class, once per row.
 _STATES = {state.value: state for state in JobState}
 
@@ -52,6 +58,10 @@ class Job:
     started_at: datetime | None
     finished_at: datetime | None
     last_error: str | None
+    """The error of the latest failed attempt, until the job succeeds."""
+    errors: list[dict[str, Any]]
+    """The failed attempts, oldest first, the latest ERRORS_KEPT of them: each a dict
+    with ``attempt``, ``failed_at`` (ISO 8601 text), ``worker_id`` and ``error``."""
     result: Any
     idempotency_key: str | None
 
@@ -60,6 +70,8 @@ class Job:
         """Build a Job from a dict row; columns this version does not know are ignored."""
         values = {name: row[name] for name in _JOB_FIELDS}
         values["state"] = JobState(values["state"])
+        # NULL in the table: no attempt has failed (migration 0006).
+        values["errors"] = values["errors"] or []
         return cls(**values)
 
     @classmethod
@@ -93,11 +105,14 @@ class Job:
             values.update(zip(names, values_of(row), strict=True))
             values.update(shared)
             values["state"] = _STATES[values["state"]]
+            if values["errors"] is None:
+                values["errors"] = []
             jobs.append(job)
         return jobs
 
     def succeeded(self, result: Any, finished_at: datetime) -> Job:
-        """This running job as its ack left it: succeeded with ``result``, lease cleared."""
+        """This running job as its ack left it: succeeded with ``result``, lease and
+        ``last_error`` cleared (``errors`` keeps the history)."""
         # A worker acks thousands of jobs a second; dataclasses.replace() re-runs the
         # whole __init__ machinery for each, copying the instance dict does not.
         job = object.__new__(Job)
@@ -107,10 +122,54 @@ class Job:
             state=JobState.SUCCEEDED,
             result=result,
             finished_at=finished_at,
+            last_error=None,
             lease_token=None,
             lease_expires_at=None,
         )
         return job
+
+    # -- calling an attempt off -----------------------------------------------------
+    # Not columns, and not dataclass fields: set on the one Job object a worker hands
+    # the handler, and only when the attempt is called off. A worker claims thousands
+    # of jobs a second, so nothing is allocated per job for it (an Event would cost
+    # more than a no-op job); the event for wait_cancelled is made on first use.
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the worker running this attempt has called it off: the job was
+        cancelled, its lease was lost (reaped after this worker stalled), the attempt
+        overran its time limit, or the worker's shutdown timeout ran out. Its outcome
+        will be discarded.
+
+        A plain-function handler cannot be interrupted, so one that runs long should
+        look at this now and then and return early (an ``async def`` handler is
+        cancelled as well). The worker learns of a cancel or a lost lease from its
+        heartbeat, so this turns True within about one heartbeat interval. Always
+        False for a job no worker is running.
+        """
+        return self.__dict__.get("_cancelled", False)
+
+    def wait_cancelled(self, timeout: float | None = None) -> bool:
+        """Wait until this attempt is called off (see :attr:`cancelled`) or ``timeout``
+        seconds have passed, and return :attr:`cancelled`: a handler's interruptible
+        sleep, as in ``if job.wait_cancelled(5): return``."""
+        with _cancel_lock:
+            event = self.__dict__.get("_cancel_event")
+            if event is None:
+                event = self.__dict__["_cancel_event"] = threading.Event()
+                if self.cancelled:
+                    event.set()
+        return event.wait(timeout)
+
+    def mark_cancelled(self) -> None:
+        """Call this attempt off: :attr:`cancelled` turns True and
+        :meth:`wait_cancelled` returns. The worker calls it; so may a custom loop that
+        runs handlers and gives up on one."""
+        with _cancel_lock:
+            self.__dict__["_cancelled"] = True
+            event = self.__dict__.get("_cancel_event")
+        if event is not None:
+            event.set()
 
     def to_dict(self) -> dict[str, Any]:
         """The job as plain JSON-friendly values (ISO timestamps, string token)."""
@@ -126,6 +185,9 @@ class Job:
 
 
 _JOB_FIELDS = tuple(f.name for f in fields(Job))
+# Guards the making of a Job's cancellation event (see Job.wait_cancelled); taken only
+# by handlers that wait and by attempts called off.
+_cancel_lock = threading.Lock()
 
 
 @dataclass(frozen=True)

@@ -8,13 +8,14 @@ that transaction has committed.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
 import socket
 import uuid
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -26,8 +27,11 @@ from psycopg.conninfo import conninfo_to_dict
 
 from pgqueue import jsonb, queries, validation
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS, backoff_seconds
+from pgqueue.deadlines import WATCHDOG, DeadlineExceeded
 from pgqueue.errors import (
     DatabaseUnavailable,
+    IdempotencyConflict,
+    IdempotencyMismatch,
     InvalidTransition,
     JobNotFound,
     LeaseLost,
@@ -142,6 +146,25 @@ class JobPage:
     next_after: int | None
 
 
+UNSERVED_AFTER_SECONDS = 300.0
+"""A queued job counts as unserved once it has been runnable this long while no job of
+its queue and task was running (see :meth:`Queue.unserved`)."""
+UNSERVED_SCAN_LIMIT = 1000
+"""Jobs :meth:`Queue.unserved` looks at per queue, at most, in claim order."""
+
+
+@dataclass(frozen=True)
+class UnservedTask:
+    """Queued jobs of one queue and task that no worker is taking (see
+    :meth:`Queue.unserved`)."""
+
+    queue: str
+    task: str
+    jobs: int
+    """How many have been runnable for longer than the threshold (at most
+    UNSERVED_SCAN_LIMIT per queue are looked at)."""
+
+
 @dataclass(frozen=True)
 class QueueStats:
     """Counts per state for one queue, and how long its oldest runnable job has waited."""
@@ -149,6 +172,8 @@ class QueueStats:
     queue: str
     counts: dict[str, int]
     oldest_runnable_age_seconds: float | None
+    unserved: dict[str, int] = field(default_factory=dict)
+    """Per task, the queued jobs that no worker is taking (see :meth:`Queue.unserved`)."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +201,9 @@ class MetricsSnapshot:
     start_bounds: list[float]
     """Upper bounds of the start-latency buckets, in seconds; the last is infinity."""
     queues: list[QueueMetrics]
+    unserved: list[UnservedTask] = field(default_factory=list)
+    """Queued jobs that no worker is taking, per queue and task (see
+    :meth:`Queue.unserved`), read right after the rest."""
 
 
 def connection_defaults(conninfo: str) -> dict[str, Any]:
@@ -210,12 +238,32 @@ class Queue:
         hooks: Any = None,
         retry_base: float = DEFAULT_BASE_SECONDS,
         retry_cap: float = DEFAULT_CAP_SECONDS,
+        max_payload_bytes: int = validation.PAYLOAD_MAX_BYTES,
+        max_result_bytes: int = validation.RESULT_MAX_BYTES,
+        statement_timeout: float | None = None,
     ) -> None:
+        if isinstance(pool, (str, bytes)):
+            # An easy slip, which would otherwise fail much later, far from its cause.
+            raise TypeError(
+                "Queue() takes a connection pool, not a database URL: "
+                "use Queue.connect(url) to open one"
+            )
         self.pool = pool
         self.schema = check_schema(schema)
         self.hooks = hooks
         self.retry_base = validation.seconds("retry_base", retry_base, positive=True)
         self.retry_cap = validation.seconds("retry_cap", retry_cap, positive=True)
+        self.max_payload_bytes = validation.byte_limit("max_payload_bytes", max_payload_bytes)
+        """Payloads larger than this, as JSON text, are refused on enqueue."""
+        self.max_result_bytes = validation.byte_limit("max_result_bytes", max_result_bytes)
+        """Results larger than this, as JSON text, make their attempt a failed one."""
+        self.statement_timeout = (
+            None
+            if statement_timeout is None
+            else validation.seconds("statement_timeout", statement_timeout, positive=True)
+        )
+        """Seconds each pooled connection's work may take before the connection is cut
+        off (see :mod:`pgqueue.deadlines`); None waits as long as it takes."""
 
     @classmethod
     def connect(
@@ -248,6 +296,18 @@ class Queue:
         )
         return cls(pool, schema=schema, **options)
 
+    def with_statement_timeout(self, seconds: float | None) -> Queue:
+        """This Queue, on the same pool, with hooks and limits, whose every statement on
+        a pooled connection is cut off after ``seconds`` (None: never). A worker uses
+        it so that no statement can hang it (see :mod:`pgqueue.deadlines`)."""
+        bounded = copy.copy(self)
+        bounded.statement_timeout = (
+            None
+            if seconds is None
+            else validation.seconds("statement_timeout", seconds, positive=True)
+        )
+        return bounded
+
     def close(self) -> None:
         """Close the pool."""
         self.pool.close()
@@ -270,11 +330,19 @@ class Queue:
         try:
             if conn is not None:
                 yield conn
-            else:
+            elif self.statement_timeout is None:
                 with self.pool.connection() as pooled:
+                    yield pooled
+            else:
+                with (
+                    self.pool.connection() as pooled,
+                    WATCHDOG.watch(pooled, self.statement_timeout, "a statement"),
+                ):
                     yield pooled
         except _UNAVAILABLE as exc:
             raise DatabaseUnavailable(_describe(exc)) from exc
+        except DeadlineExceeded as exc:
+            raise DatabaseUnavailable(f"database unavailable: {exc}") from exc
 
     def _rows(
         self, name: str, params: dict[str, Any] | None = None, *, conn=None, lock="skip-locked"
@@ -308,7 +376,9 @@ class Queue:
         timeout_seconds: float | None = None,
         conn: psycopg.Connection | None = None,
     ) -> EnqueueResult:
-        """Add one job; with an ``idempotency_key`` already in the table, return that job.
+        """Add one job; with an ``idempotency_key`` already in the table, return that job
+        (``created=False``) if it has the same task, queue and payload, and raise
+        :class:`~pgqueue.errors.IdempotencyConflict` if not.
 
         Pass ``conn`` to enqueue inside your own transaction: the job then commits or
         rolls back with your writes, and workers are woken when you commit.
@@ -331,37 +401,70 @@ class Queue:
     ) -> list[EnqueueResult]:
         """Add many jobs in one statement, all or nothing; results follow the input order.
 
+        A payload over ``max_payload_bytes`` raises :class:`~pgqueue.validation.TooLarge`
+        (a ValidationError) whose ``index`` is its position in ``specs``; nothing is added.
+
         Items whose idempotency key already exists (or repeats an earlier item's) return
-        the existing job with ``created=False``.
+        the existing job with ``created=False``, provided the job has the same task, queue
+        and payload (payloads compared as JSON values). If not, the key names another job
+        than the one asked for: :class:`~pgqueue.errors.IdempotencyConflict` is raised
+        naming the items and what differs, and nothing is added, also in ``conn``'s
+        transaction, which may still commit its other work. Priority, timing, attempts
+        and time limit are not compared: a client retrying with other options still
+        means the same job.
         """
         specs = list(specs)
         if not specs:
             return []
         rows = [spec.params() for spec in specs]
+        for index, row in enumerate(rows):
+            try:
+                validation.within_limit("payload", row["payload"], self.max_payload_bytes)
+            except validation.TooLarge as exc:
+                exc.index = index
+                raise
         columns = {key: [row[key] for row in rows] for key in rows[0]}
         with self._connection(conn) as c:
-            cur = jsonb.cursor(c)
-            cur.execute(self._sql("job_insert_many"), columns)
-            inserted = [Job.from_row(row) for row in cur.fetchall()]
-            return self._match_inserted(cur, specs, inserted)
+            # An autocommit connection would commit the insert before a conflict is
+            # found: make the statement and the check one transaction (not needed when
+            # no item has a key, as no conflict is possible then).
+            atomic = (
+                conn is not None
+                and c.autocommit
+                and any(key is not None for key in columns["idempotency_key"])
+            )
+            with c.transaction() if atomic else nullcontext():
+                cur = jsonb.cursor(c)
+                cur.execute(self._sql("job_insert_many"), columns)
+                inserted = [Job.from_row(row) for row in cur.fetchall()]
+                results, conflicts = self._match_inserted(cur, specs, inserted)
+                if conflicts:
+                    if conn is not None and not atomic:
+                        # The caller's transaction: take back what this call added, so
+                        # that it adds nothing (no savepoint: in a long transaction,
+                        # one per call would overflow the server's subtransaction cache).
+                        ids = [r.job.id for r in results if r.created]
+                        cur.execute(self._sql("job_delete_created"), {"ids": ids})
+                    # On a pooled connection the transaction is rolled back.
+                    raise IdempotencyConflict(conflicts, items=len(specs))
+                return results
 
     def _match_inserted(
         self, cur: psycopg.Cursor, specs: Sequence[JobSpec], inserted: list[Job]
-    ) -> list[EnqueueResult]:
+    ) -> tuple[list[EnqueueResult], list[IdempotencyMismatch]]:
+        """The result for each spec, in input order, and the specs whose key belongs to a
+        job with another task, queue or payload."""
         by_key = {job.idempotency_key: job for job in inserted if job.idempotency_key}
         # Keyless rows always insert, in input order, so identity values follow it.
         keyless = iter(
             sorted((j for j in inserted if j.idempotency_key is None), key=lambda j: j.id)
         )
-        missing = {
-            s.idempotency_key
-            for s in specs
-            if s.idempotency_key and s.idempotency_key not in by_key
-        }
-        existing = self._existing_by_key(cur, missing)
-        results: list[EnqueueResult] = []
+        results: list[EnqueueResult | None] = []
+        # Items whose key was taken: by a job already in the table, or by an earlier
+        # item of this call, which the same check compares them with.
+        repeats: list[int] = []
         claimed_keys: set[str] = set()
-        for spec in specs:
+        for index, spec in enumerate(specs):
             key = spec.idempotency_key
             if key is None:
                 results.append(EnqueueResult(next(keyless), created=True))
@@ -369,23 +472,44 @@ class Queue:
                 claimed_keys.add(key)
                 results.append(EnqueueResult(by_key[key], created=True))
             else:
-                results.append(EnqueueResult(by_key.get(key) or existing[key], created=False))
-        return results
+                results.append(None)
+                repeats.append(index)
+        conflicts: list[IdempotencyMismatch] = []
+        if repeats:
+            holders = self._existing_by_key(cur, [specs[index] for index in repeats])
+            for index, (job, differs) in zip(repeats, holders, strict=True):
+                results[index] = EnqueueResult(job, created=False)
+                if differs:
+                    conflicts.append(
+                        IdempotencyMismatch(index, job.idempotency_key, job.id, tuple(differs))  # type: ignore[arg-type]
+                    )
+        return results, conflicts  # type: ignore[return-value]
 
-    def _existing_by_key(self, cur: psycopg.Cursor, keys: set[str | None]) -> dict[str, Job]:
-        """Jobs holding ``keys``. A key that conflicted belongs to a row committed by a
-        concurrent producer after our statement's snapshot was taken; each new statement
-        takes a new snapshot (READ COMMITTED), so a few tries always find it unless it
-        was pruned in between."""
-        found: dict[str, Job] = {}
+    def _existing_by_key(
+        self, cur: psycopg.Cursor, specs: Sequence[JobSpec]
+    ) -> list[tuple[Job, list[str]]]:
+        """For each of ``specs``, the job holding its key and which of task, queue and
+        payload differ from the spec's. A key that conflicted belongs to a row committed
+        by a concurrent producer after our statement's snapshot was taken; each new
+        statement takes a new snapshot (READ COMMITTED), so a few tries always find it
+        unless it was pruned in between."""
+        found: dict[int, tuple[Job, list[str]]] = {}
         for _ in range(10):
-            wanted = [k for k in keys if k not in found]
+            wanted = [i for i in range(len(specs)) if i not in found]
             if not wanted:
-                return found
-            cur.execute(self._sql("job_get_many_by_idempotency_key"), {"idempotency_keys": wanted})
+                return [found[i] for i in range(len(specs))]
+            params = [specs[i].params() for i in wanted]
+            cur.execute(
+                self._sql("job_get_many_by_idempotency_key"),
+                {
+                    "idempotency_keys": [p["idempotency_key"] for p in params],
+                    "tasks": [p["task"] for p in params],
+                    "queues": [p["queue"] for p in params],
+                    "payloads": [p["payload"] for p in params],
+                },
+            )
             for row in cur.fetchall():
-                job = Job.from_row(row)
-                found[job.idempotency_key] = job  # type: ignore[index]
+                found[wanted[row["position"] - 1]] = (Job.from_row(row), row["differs"])
         raise DatabaseUnavailable(
             "idempotency key kept conflicting with a row that kept disappearing"
         )
@@ -406,6 +530,10 @@ class Queue:
 
         Jobs come in claim order (priority DESC, run_at, id), each with a fresh
         ``lease_token`` valid for ``lease_seconds`` until a heartbeat extends it.
+
+        Runs no hook: ``on_start`` belongs to whoever runs the handler, when it starts
+        (the Worker does; a loop of your own may call
+        ``queue.hooks.call("on_start", job=job)``).
         """
         params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode)
         if params is None:
@@ -416,11 +544,9 @@ class Queue:
             # rows.
             with conn.pipeline():
                 claim = self._send_claim(conn, params, mode)
-                conn.commit()
+                _send_commit(conn)
             claimed = claim()
-        jobs = self._refuse_undecodable(claimed)
-        self._notify_each("on_start", ({"job": job} for job in jobs))
-        return jobs
+        return self._refuse_undecodable(claimed)
 
     def next_run_in(self, queues: Collection[str], tasks: Collection[str]) -> float | None:
         """Seconds until the earliest queued job of ``tasks`` in ``queues`` becomes
@@ -474,16 +600,15 @@ class Queue:
     def ack_many(self, outcomes: Iterable[tuple[Job, Any]]) -> AckBatch:
         """Acknowledge many jobs in one statement (results that cannot be stored become
         failed attempts, each its own statement)."""
-        storable, unstorable = _split_storable(outcomes)
+        storable, unstorable = _split_storable(outcomes, self.max_result_bytes)
         written: _AckWritten | None = None
         if storable:
             with self._connection() as conn:
-                cur = conn.cursor()
                 # As in claim: a worker cut off mid-ack never leaves the rows locked.
                 with conn.pipeline():
-                    cur.execute(self._sql("job_ack_many"), _ack_params(storable))
-                    conn.commit()
-                written = _AckWritten(*cur.fetchone())
+                    read_acks = self._send_acks(conn, storable)
+                    _send_commit(conn)
+                written = read_acks()
         return self._settle_acks(storable, written, unstorable)
 
     def ack_and_claim(
@@ -501,30 +626,52 @@ class Queue:
         transaction, sent to the server in one pipeline: a busy worker pays one commit
         and about one round trip per batch instead of two of each.
 
-        Both commit or neither does. Hooks run after the commit, ``on_success`` for
-        the acked jobs first, then ``on_start`` for the claimed ones.
+        Both commit or neither does. ``on_success`` runs for the acked jobs after the
+        commit; the claimed ones get no hook here (see :meth:`claim`).
         """
-        storable, unstorable = _split_storable(outcomes)
+        storable, unstorable = _split_storable(outcomes, self.max_result_bytes)
         params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode)
         written: _AckWritten | None = None
         claimed: list[Job] = []
         if storable or params is not None:
             with self._connection() as conn:
-                ack_cur = conn.cursor()
                 with conn.pipeline():
                     if storable:
-                        ack_cur.execute(self._sql("job_ack_many"), _ack_params(storable))
+                        read_acks = self._send_acks(conn, storable)
                     if params is not None:
                         claim = self._send_claim(conn, params, mode)
-                    conn.commit()
+                    _send_commit(conn)
                 if storable:
-                    written = _AckWritten(*ack_cur.fetchone())
+                    written = read_acks()
                 if params is not None:
                     claimed = claim()
         batch = self._settle_acks(storable, written, unstorable)
-        claimed = self._refuse_undecodable(claimed)
-        self._notify_each("on_start", ({"job": job} for job in claimed))
-        return batch, claimed
+        return batch, self._refuse_undecodable(claimed)
+
+    def _send_acks(
+        self, conn: psycopg.Connection, storable: list[_Storable]
+    ) -> Callable[[], _AckWritten]:
+        """Send job_ack_many for ``storable`` in ``conn``'s current transaction (and
+        pipeline), as one statement per ACK_STATEMENT_MAX_BYTES of results: a batch of
+        large results would otherwise make a statement too large for PostgreSQL to take
+        (1 GB), refused on every retry. The function returned reads what they wrote, as
+        if one statement had written it all."""
+        sent: list[tuple[int, psycopg.Cursor]] = []
+        for offset, chunk in _ack_chunks(storable):
+            cur = conn.cursor()
+            cur.execute(self._sql("job_ack_many"), _ack_params(chunk))
+            sent.append((offset, cur))
+
+        def read() -> _AckWritten:
+            finished_at = None
+            refused: list[int] = []
+            for offset, cur in sent:
+                written = _AckWritten(*cur.fetchone())  # type: ignore[misc]
+                finished_at = finished_at or written.finished_at
+                refused.extend(offset + position for position in written.refused)
+            return _AckWritten(finished_at, refused)  # type: ignore[arg-type]
+
+        return read
 
     def _send_claim(
         self, conn: psycopg.Connection, params: Mapping[str, Any], mode: str
@@ -690,15 +837,50 @@ class Queue:
         """Counts per queue and state, and the oldest runnable job's age, in one snapshot.
 
         Counts come from the rollups the jobs table's triggers keep, so this stays cheap
-        however much history the table holds."""
+        however much history the table holds. ``unserved`` comes from :meth:`unserved`,
+        read right after."""
+        with self._connection() as conn:
+            rows = self._rows("queue_stats", conn=conn)
+            unserved = self.unserved(conn=conn)
+        by_queue: dict[str, dict[str, int]] = {}
+        for entry in unserved:
+            by_queue.setdefault(entry.queue, {})[entry.task] = entry.jobs
         return [
             QueueStats(
                 queue=row["queue"],
                 counts={state.value: row[state.value] for state in JobState},
                 oldest_runnable_age_seconds=row["oldest_runnable_age_seconds"],
+                unserved=by_queue.get(row["queue"], {}),
             )
-            for row in self._rows("queue_stats")
+            for row in rows
         ]
+
+    def unserved(
+        self,
+        after_seconds: float = UNSERVED_AFTER_SECONDS,
+        *,
+        conn: psycopg.Connection | None = None,
+    ) -> list[UnservedTask]:
+        """Queued jobs that no worker is taking: per queue and task, those runnable for
+        longer than ``after_seconds`` while no job of that queue and task is running.
+
+        An approximation of "no running worker serves this task in this queue" (a
+        misspelt task name, a handler that was removed, a queue nobody serves), made
+        without knowing which workers run: it also counts a task whose workers have been
+        busy with other jobs for all that time, and it misses a task with a job that is
+        running (a stuck one, say) or whose jobs wait behind more than
+        UNSERVED_SCAN_LIMIT long-waiting jobs of their queue in claim order.
+
+        Reads queued jobs through the claim index (at most UNSERVED_SCAN_LIMIT per queue)
+        and running jobs through theirs, so it costs the same however many finished
+        jobs the table holds."""
+        validation.seconds("after_seconds", after_seconds)
+        rows = self._rows(
+            "jobs_unserved",
+            {"after_seconds": after_seconds, "limit": UNSERVED_SCAN_LIMIT},
+            conn=conn,
+        )
+        return [UnservedTask(row["queue"], row["task"], row["jobs"]) for row in rows]
 
     def prune(
         self,
@@ -787,8 +969,11 @@ class Queue:
     def metrics_snapshot(self) -> MetricsSnapshot:
         """Job counts by state, completed and failed attempts, and the start-latency
         histogram of every queue, all from one snapshot of the rollups that the jobs
-        table's triggers keep (migration 0002), so the cost does not grow with history."""
-        rows = self._rows("queue_metrics_snapshot")
+        table's triggers keep (migration 0002), so the cost does not grow with history;
+        and, read right after, the queued jobs no worker is taking (:meth:`unserved`)."""
+        with self._connection() as conn:
+            rows = self._rows("queue_metrics_snapshot", conn=conn)
+            unserved = self.unserved(conn=conn)
         queues = [
             QueueMetrics(
                 queue=row["queue"],
@@ -801,7 +986,7 @@ class Queue:
             for row in rows
         ]
         bounds = list(rows[0]["start_bounds"]) if rows else []
-        return MetricsSnapshot(start_bounds=bounds, queues=queues)
+        return MetricsSnapshot(start_bounds=bounds, queues=queues, unserved=unserved)
 
     def ping(self, timeout: float = 2.0) -> None:
         """Check that the database answers a query, on a connection of its own, so neither
@@ -896,9 +1081,10 @@ class _Storable(NamedTuple):
 
 
 def _split_storable(
-    outcomes: Iterable[tuple[Job, Any]],
+    outcomes: Iterable[tuple[Job, Any]], max_result_bytes: int
 ) -> tuple[list[_Storable], list[tuple[Job, str]]]:
-    """Outcomes whose result PostgreSQL can store, and (job, error) for those it cannot.
+    """Outcomes whose result PostgreSQL can store, and (job, error) for those it cannot
+    or that are over ``max_result_bytes`` as JSON text.
 
     The storable ones come in job id order, the order job_ack_many is given them: any
     two acks that meet on the same rows then lock them in the same order (heartbeats
@@ -910,9 +1096,12 @@ def _split_storable(
             storable.append(_Storable(job, None, "null"))
             continue
         try:
-            storable.append(_Storable(job, result, validation.jsonb_text("result", result)))
+            text = validation.jsonb_text("result", result)
+            validation.within_limit("result", text, max_result_bytes)
         except ValidationError as exc:
-            unstorable.append((job, f"result could not be stored: {exc.message}"))
+            unstorable.append((job, f"result could not be stored: {exc}"))
+        else:
+            storable.append(_Storable(job, result, text))
     storable.sort(key=lambda s: s.job.id)
     return storable, unstorable
 
@@ -923,6 +1112,41 @@ class _AckWritten(NamedTuple):
     finished_at: datetime
     refused: list[int]
     """Positions (from 1) of the outcomes whose lease was no longer held."""
+
+
+ACK_STATEMENT_MAX_BYTES = 16 * 1024 * 1024
+"""Results sent in one job_ack_many statement, at most (a single larger result goes
+alone): far under PostgreSQL's 1 GB message limit, and quick to send and parse."""
+
+
+def _ack_chunks(ordered: list[_Storable]) -> Iterator[tuple[int, list[_Storable]]]:
+    """``ordered`` in runs of at most ACK_STATEMENT_MAX_BYTES of result text, each with
+    the number of outcomes before it (for positions across statements)."""
+    start = 0
+    size = 0
+    for index, outcome in enumerate(ordered):
+        # Characters, not bytes: counting bytes would encode every result once more.
+        # A run may so hold up to four times the bound, still far under 1 GB.
+        length = len(outcome.text)
+        if index > start and size + length > ACK_STATEMENT_MAX_BYTES:
+            yield start, ordered[start:index]
+            start, size = index, 0
+        size += length
+    yield start, ordered[start:]
+
+
+def _send_commit(conn: psycopg.Connection) -> None:
+    """Queue a COMMIT in ``conn``'s pipeline, as a statement of its own.
+
+    Not ``conn.commit()``: inside a pipeline, psycopg (3.3 at least) then sends a Sync
+    and waits for the results with part of a large statement still unsent in libpq's
+    output buffer, while the server waits for the rest of it: both wait forever (see
+    docs/psycopg-pipeline-commit-hang.md). The COMMIT sent as a statement is flushed,
+    with everything before it, by the pipeline's exit, which sends until its buffer is
+    empty before it reads; and it still commits in the same round trip, so a worker
+    cut off after sending never leaves its transaction open, holding the rows.
+    """
+    conn.execute(b"COMMIT", prepare=False)
 
 
 def _ack_params(ordered: list[_Storable]) -> dict[str, Any]:
@@ -944,8 +1168,17 @@ def _error_text(error: str | BaseException) -> str:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return f"database unavailable: {text}"
+    return f"database unavailable: {error_line(exc)}"
+
+
+def error_line(exc: BaseException) -> str:
+    """A database error's message on one line, with every part of it.
+
+    libpq spreads a connection failure over several lines (the host and port, the
+    cause, a hint; again for each address it tried): any one line alone leaves out
+    something a user needs, so they are joined, each said once."""
+    lines = dict.fromkeys(line.strip() for line in str(exc).splitlines() if line.strip())
+    return "; ".join(lines) or type(exc).__name__
 
 
 __all__ = [
@@ -958,6 +1191,8 @@ __all__ = [
     "Queue",
     "QueueMetrics",
     "QueueStats",
+    "UnservedTask",
     "connection_defaults",
     "default_worker_id",
+    "error_line",
 ]

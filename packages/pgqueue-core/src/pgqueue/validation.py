@@ -24,6 +24,12 @@ PRIORITY_MAX = 1000
 """Higher priorities are claimed first."""
 
 PAYLOAD_MAX_BYTES = 1_048_576
+"""The default largest payload, as JSON text (``Queue(max_payload_bytes=...)``)."""
+RESULT_MAX_BYTES = 1_048_576
+"""The default largest result, as JSON text (``Queue(max_result_bytes=...)``)."""
+BYTE_LIMIT_MAX = 256 * 1_048_576
+"""The highest payload or result limit: a quarter of PostgreSQL's 1 GB field limit,
+which its JSON text must stay under with room for escaping."""
 IDEMPOTENCY_KEY_MAX_LENGTH = 255
 MAX_ATTEMPTS_LIMIT = 1000
 RUN_AT_MIN = datetime(1970, 1, 1, tzinfo=UTC)
@@ -126,13 +132,49 @@ def jsonb_text(field: str, value: Any) -> str:
 
 
 def payload(value: object) -> str:
-    """A job payload: a JSON object of at most PAYLOAD_MAX_BYTES, as jsonb text."""
+    """A job payload: a JSON object, as jsonb text. Its size is checked on enqueue,
+    against the limit of the Queue it goes through (:func:`within_limit`)."""
     if not isinstance(value, dict):
         raise ValidationError("payload", "must be a JSON object")
-    text = jsonb_text("payload", value)
-    if len(text.encode()) > PAYLOAD_MAX_BYTES:
-        raise ValidationError("payload", f"must be at most {PAYLOAD_MAX_BYTES} bytes as JSON")
+    return jsonb_text("payload", value)
+
+
+class TooLarge(ValidationError):
+    """A payload or result over its size limit."""
+
+    def __init__(self, field: str, size: int, limit: int) -> None:
+        super().__init__(field, f"is {size} bytes, over the limit of {limit}")
+        self.size = size
+        self.limit = limit
+        self.index: int | None = None
+        """Which of a batch's items it is, when it is one of a batch's."""
+
+    def __str__(self) -> str:
+        return f"{self.field} {self.message}"
+
+
+def utf8_length(text: str) -> int:
+    """How many bytes ``text`` takes in UTF-8, without encoding it when it is ASCII."""
+    return len(text) if text.isascii() else len(text.encode())
+
+
+def within_limit(field: str, text: str, limit: int) -> str:
+    """``text`` if it takes at most ``limit`` bytes in UTF-8; raises :class:`TooLarge`."""
+    # Characters never outnumber bytes: only a longer text needs measuring.
+    if len(text) > limit or (not text.isascii() and len(text) * 4 > limit):
+        size = utf8_length(text)
+        if size > limit:
+            raise TooLarge(field, size, limit)
     return text
+
+
+def byte_limit(field: str, value: object) -> int:
+    """A payload or result size limit: 1 byte to BYTE_LIMIT_MAX."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValidationError(field, "must be an integer number of bytes")
+    if not 1 <= value <= BYTE_LIMIT_MAX:
+        raise ValidationError(field, f"must be between 1 and {BYTE_LIMIT_MAX} bytes")
+    return value
 
 
 def _refuse_nul(field: str, value: Any, depth: int = 0) -> None:

@@ -38,8 +38,7 @@ class ClaimResult:
 
 class Claimer(HandOffService):
     """Runs ``queue.claim`` for the claim loop, one request at a time, and reports each
-    result to ``on_claimed`` from its own thread. ``queue``'s ``on_start`` hook
-    therefore runs on this thread.
+    result to ``on_claimed`` from its own thread.
 
     :meth:`stop` lets the claim in progress, if any, finish and report its result."""
 

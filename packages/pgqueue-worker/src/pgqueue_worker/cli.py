@@ -18,12 +18,19 @@ import psycopg
 
 from pgqueue import DatabaseUnavailable, LifecycleHooks, Queue, ValidationError, validation
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS
-from pgqueue.cli import database_options, parse_duration, resolve_url
-from pgqueue.plugins import collect_tasks, get_plugin_manager
+from pgqueue.cli import database_options, not_migrated, parse_duration, resolve_url
+from pgqueue.plugins import (
+    PluginLoadError,
+    check_hooks,
+    collect_tasks,
+    get_plugin_manager,
+    plugin_error,
+)
 from pgqueue.queue import CLAIM_MODES, default_worker_id
 from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE, check_schema
 from pgqueue_worker import connections, logging_setup
 from pgqueue_worker.handlers import import_module, load_handlers, merge_handlers
+from pgqueue_worker.outage import why_unavailable
 from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Retention
 from pgqueue_worker.signals import stop_on_signals
 from pgqueue_worker.worker import (
@@ -37,8 +44,17 @@ from pgqueue_worker.worker import (
 
 log = logging.getLogger("pgqueue.worker")
 
-NO_HANDLERS_EXIT_CODE = 2
-SHUTDOWN_TIMED_OUT_EXIT_CODE = 1
+# Exit statuses of `pgqueue worker`, as its --help and the README list them. A second
+# SIGTERM or SIGINT exits with 128 + the signal's number (see signals.py), as a shell
+# reports a process the signal killed.
+EXIT_CLEAN = 0
+EXIT_ERROR = 1  # a ClickException: one line on stderr, nothing claimed
+EXIT_USAGE = 2  # click's status for a usage error
+NO_HANDLERS_EXIT_CODE = EXIT_USAGE
+SHUTDOWN_TIMED_OUT_EXIT_CODE = 3
+DATABASE_GAVE_UP_EXIT_CODE = 4
+# How long a --burst worker waits for an unreachable database before it gives up.
+DEFAULT_BURST_GIVE_UP_AFTER = 60.0
 # Allocations between two young-generation collections (Python's default is 700).
 GC_YOUNG_THRESHOLD = 10_000
 
@@ -151,7 +167,8 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Any:
     type=SECONDS,
     default=DEFAULT_REAP_INTERVAL,
     show_default=True,
-    help="How often to look for expired leases (one worker at a time does).",
+    help="How often to look for expired leases, in every queue of the schema (one worker "
+    "at a time does).",
 )
 @_option(
     "prune-succeeded-after",
@@ -183,7 +200,8 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Any:
     show_default=True,
     callback=_duration,
     metavar="DURATION",
-    help="How often to prune, in small batches, one worker at a time (0: never).",
+    help="How often to prune finished jobs of every queue of the schema, in small batches, "
+    "one worker at a time (0: never).",
 )
 @_option(
     "claim-mode",
@@ -207,9 +225,26 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Any:
     help="The longest backoff (seconds).",
 )
 @_option(
+    "max-result-bytes",
+    type=click.IntRange(1, validation.BYTE_LIMIT_MAX),
+    default=validation.RESULT_MAX_BYTES,
+    show_default=True,
+    help="The largest result a handler may return, as JSON text; a larger one fails "
+    "its attempt with both sizes in the error.",
+)
+@_option(
     "burst",
     is_flag=True,
-    help="Exit 0 once no job this worker could claim is runnable now.",
+    help="Exit 0 once no job this worker could claim is runnable now (after reaping "
+    "expired leases, which puts their jobs back after a backoff).",
+)
+@_option(
+    "give-up-after",
+    callback=lambda ctx, param, value: None if value is None else parse_duration(value),
+    metavar="DURATION",
+    help="Exit with status 4 once the database has been unreachable this long (0: "
+    f"never). Default: {DEFAULT_BURST_GIVE_UP_AFTER:g}s with --burst; without it, never "
+    "(a long-running worker rides out outages of any length).",
 )
 @_option(
     "shutdown-timeout",
@@ -237,9 +272,24 @@ def worker(ctx: click.Context, **options: Any) -> None:
     """Run task handlers on jobs claimed from the queue.
 
     Handlers come from installed plugins, --plugin modules and --handlers dicts.
-    SIGTERM or SIGINT stops claiming and lets running jobs finish (exit 0); a second
-    signal exits at once. Exit status 1 means the shutdown timeout left jobs running,
-    2 that there was nothing to run or a flag was wrong.
+    SIGTERM or SIGINT stops claiming and lets running jobs finish; a second signal
+    exits at once, leaving running jobs to their leases.
+
+    Reaping and pruning are schema-wide: every worker looks after every queue of its
+    schema, not only those it serves with --queue, so that the jobs of a crashed
+    worker come back, and old jobs go, even in a queue no running worker serves
+    (one worker at a time does each). --prune-interval 0 leaves pruning to others.
+
+    \b
+    Exit status:
+      0    stopped cleanly: by SIGTERM/SIGINT once running jobs finished, or
+           with --burst once nothing is runnable
+      1    did not start: an error, said in one line (schema not migrated,
+           a plugin that fails to load, ...)
+      2    a wrong flag, or no task handlers
+      3    the shutdown timeout left running jobs to their leases
+      4    the database stayed unreachable for --give-up-after
+      130  a second SIGINT, 143 a second SIGTERM (128 + the signal's number)
     """
     ctx.exit(prepare_worker(**options).serve())
 
@@ -257,15 +307,21 @@ class PreparedWorker:
         """Run until stopped by SIGTERM or SIGINT (or, with ``--burst``, out of jobs),
         close the pool, and return the command's exit status."""
         _tune_garbage_collector()
+        gave_up: DatabaseUnavailable | None = None
         try:
             with stop_on_signals(self.runner):
                 clean = self.runner.run()
+        except DatabaseUnavailable as exc:  # only with give_up_after
+            gave_up = exc
         finally:
             self.queue.close()
         if self.hooks.errors:
             counts = ", ".join(f"{name} {n}" for name, n in sorted(self.hooks.errors.items()))
             log.warning("lifecycle hooks raised and were ignored: %s", counts)
-        return 0 if clean else SHUTDOWN_TIMED_OUT_EXIT_CODE
+        if gave_up is not None:
+            click.echo(f"Error: {gave_up}", err=True)
+            return DATABASE_GAVE_UP_EXIT_CODE
+        return EXIT_CLEAN if clean else SHUTDOWN_TIMED_OUT_EXIT_CODE
 
 
 def _tune_garbage_collector() -> None:
@@ -304,7 +360,9 @@ def prepare_worker(
     claim_mode: str,
     retry_base: float,
     retry_cap: float,
+    max_result_bytes: int,
     burst: bool,
+    give_up_after: float | None,
     shutdown_timeout: float,
     log_format: str,
     log_level: str,
@@ -338,7 +396,14 @@ def prepare_worker(
     url = resolve_url(database_url)
     hooks = LifecycleHooks(pm)
     pool = connections.open_pool(url, application_name=connections.MAIN, prepare=not no_prepare)
-    queue = Queue(pool, schema=schema, hooks=hooks, retry_base=retry_base, retry_cap=retry_cap)
+    queue = Queue(
+        pool,
+        schema=schema,
+        hooks=hooks,
+        retry_base=retry_base,
+        retry_cap=retry_cap,
+        max_result_bytes=max_result_bytes,
+    )
     try:
         _check_migrated(queue, queues, handlers)
         runner = _checked(
@@ -355,6 +420,7 @@ def prepare_worker(
             reap_interval=reap_interval,
             claim_mode=claim_mode,
             burst=burst,
+            give_up_after=_give_up_after(give_up_after, burst=burst),
             shutdown_timeout=shutdown_timeout,
             worker_id=worker_id,
             retention=_checked(
@@ -371,6 +437,14 @@ def prepare_worker(
     return PreparedWorker(runner, queue, hooks)
 
 
+def _give_up_after(seconds: float | None, *, burst: bool) -> float | None:
+    """--give-up-after in seconds, or None for never: by default a --burst worker gives
+    up (it is meant to finish), a long-running one waits for the database however long."""
+    if seconds is None:
+        return DEFAULT_BURST_GIVE_UP_AFTER if burst else None
+    return seconds or None
+
+
 def _checked(function: Any, *args: Any, **kwargs: Any) -> Any:
     """Call ``function``, turning a ValidationError into a usage error (exit 2)."""
     try:
@@ -380,12 +454,20 @@ def _checked(function: Any, *args: Any, **kwargs: Any) -> Any:
 
 
 def _plugin_manager(modules: tuple[str, ...], *, autoload: bool) -> pluggy.PluginManager:
-    pm = get_plugin_manager(load_entrypoints=autoload)
+    try:
+        pm = get_plugin_manager(load_entrypoints=autoload)
+    except PluginLoadError as exc:
+        # A worker without one of its plugins would leave that plugin's tasks queued,
+        # or run them without its hooks: refuse to start instead.
+        raise click.ClickException(f"not starting: {exc}") from None
     for name in modules:
         try:
             pm.register(import_module(name), name=name)
+            check_hooks(pm, name)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--plugin") from None
+        except pluggy.PluginValidationError as exc:  # a misspelled hook, wrong arguments
+            raise click.BadParameter(plugin_error(exc), param_hint="--plugin") from None
     pm.check_pending()
     return pm
 
@@ -393,11 +475,13 @@ def _plugin_manager(modules: tuple[str, ...], *, autoload: bool) -> pluggy.Plugi
 def _check_migrated(queue: Queue, queues: tuple[str, ...], handlers: dict[str, Any]) -> None:
     """Fail now, with the fix, if the schema has no jobs table. An unreachable database
     is not an error: the worker waits for it."""
+    if why_unavailable(queue) is not None:
+        # Found out on a connection of its own, at once, rather than after the pool's
+        # wait for a connection that cannot come.
+        return
     try:
         queue.next_run_in(queues, list(handlers))
     except DatabaseUnavailable:
         pass
     except psycopg.errors.UndefinedTable:
-        raise click.ClickException(
-            f"schema {queue.schema} has no jobs table: run `pgqueue migrate --schema {queue.schema}`"
-        ) from None
+        raise click.ClickException(not_migrated(queue.schema)) from None

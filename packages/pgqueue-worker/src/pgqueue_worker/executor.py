@@ -11,7 +11,9 @@ through the claim loop.
 
 A plain function cannot be interrupted from outside, so a handler that overruns its
 timeout keeps its thread until it returns (its outcome is then discarded). Coroutines
-can: :meth:`Executor.cancel` cancels one on the event loop.
+can: :meth:`Executor.cancel` cancels one on the event loop. Either way it calls the
+attempt off on its job (:meth:`pgqueue.Job.mark_cancelled`), so that a plain function
+that checks ``job.cancelled`` can return early.
 """
 
 from __future__ import annotations
@@ -45,7 +47,6 @@ class Attempt:
     lease: Lease
     """The job's lease as claimed: the key of every record the worker keeps of it."""
     handler: TaskHandler
-    wants_job: bool
     is_async: bool
     timeout_seconds: float | None
     started_at: float | None = None
@@ -62,21 +63,22 @@ class Attempt:
     future: concurrent.futures.Future[Any] | None = field(default=None, repr=False)
 
     def call(self) -> Any:
-        """Call the handler with the payload (and ``job=`` when it asks for it)."""
-        if self.wants_job:
-            return self.handler.function(self.job.payload, job=self.job)
-        return self.handler.function(self.job.payload)
+        """Call the handler with what its signature asks for (see TaskHandler)."""
+        return self.handler.call(self.job)
 
 
 FinishedCallback = Callable[[Attempt, Any, BaseException | None], None]
 StartedCallback = Callable[[Attempt], None]
+RunningCallback = Callable[[Attempt], None]
 
 
 class Executor:
     """``size`` threads for plain handlers and, started on first use, one thread running
     an asyncio event loop for coroutine handlers, with at most ``size`` handlers running
-    at once. ``on_started`` hears of each attempt with a time limit as its handler
-    starts (its deadline is set then); ``on_finished`` of every attempt as it ends.
+    at once. ``on_started`` hears of each attempt with a time limit as it takes a slot
+    (its deadline is set then); ``on_running`` of every attempt on the thread that runs
+    its handler, just before the handler is called (the event loop's thread for a
+    coroutine); ``on_finished`` of every attempt as it ends.
     """
 
     def __init__(
@@ -84,10 +86,12 @@ class Executor:
         size: int,
         on_finished: FinishedCallback,
         on_started: StartedCallback | None = None,
+        on_running: RunningCallback | None = None,
     ) -> None:
         self.size = size
         self._on_finished = on_finished
         self._on_started = on_started
+        self._on_running = on_running
         self._lock = threading.Lock()
         self._running = 0
         self._waiting: deque[Attempt] = deque()
@@ -124,7 +128,8 @@ class Executor:
     def cancel(self, attempt: Attempt) -> None:
         """Cancel an attempt: one still waiting for a slot is reported at once as
         cancelled, a coroutine handler is cancelled, and a plain function runs on until
-        it returns."""
+        it returns (its job's ``cancelled`` turns True, for it to notice)."""
+        attempt.job.mark_cancelled()
         with self._lock:
             try:
                 self._waiting.remove(attempt)
@@ -165,6 +170,15 @@ class Executor:
             if self._on_started is not None:
                 self._on_started(attempt)
 
+    def _running_now(self, attempt: Attempt) -> None:
+        """Tell ``on_running`` that ``attempt``'s handler is about to be called. What it
+        raises is logged: it must not cost the attempt."""
+        if self._on_running is not None:
+            try:
+                self._on_running(attempt)
+            except Exception:
+                log.exception("could not report the start of job %s", attempt.job.id)
+
     def _next_in_freed_slot(self) -> Attempt | None:
         """A handler returned: the waiting attempt to run in its slot, if any (the slot
         stays counted as running), else None (and the slot is free)."""
@@ -179,6 +193,7 @@ class Executor:
     def _serve(self) -> None:
         attempt = self._inbox.get()
         while attempt is not None:
+            self._running_now(attempt)
             try:
                 result = attempt.call()
                 if inspect.isawaitable(result):
@@ -220,8 +235,8 @@ class Executor:
                 self._loop = loop
             return self._loop
 
-    @staticmethod
-    async def _run_coroutine(attempt: Attempt) -> Any:
+    async def _run_coroutine(self, attempt: Attempt) -> Any:
+        self._running_now(attempt)
         return await attempt.call()
 
     def _report_future(self, attempt: Attempt, future: concurrent.futures.Future[Any]) -> None:

@@ -19,7 +19,10 @@ HandlerLike = Callable[..., Any] | TaskHandler
 def as_task_handlers(
     handlers: Mapping[str, HandlerLike], source: str = "explicit"
 ) -> dict[str, TaskHandler]:
-    """``{task name: TaskHandler}`` from a mapping of names to callables or TaskHandlers."""
+    """``{task name: TaskHandler}`` from a mapping of names to callables or TaskHandlers.
+
+    Raises ValidationError for a bad task name, and for a handler whose signature
+    pgqueue cannot call (see :class:`~pgqueue.TaskHandler`)."""
     out: dict[str, TaskHandler] = {}
     for name, handler in handlers.items():
         validation.name("task", name)
@@ -90,7 +93,8 @@ def load_handlers(spec: str) -> dict[str, TaskHandler]:
     try:
         return as_task_handlers(found, source=spec)
     except ValidationError as exc:
-        raise ValueError(f"{spec}: {exc}") from None
+        # A handler refused for its signature names its source, this spec, already.
+        raise ValueError(str(exc) if spec in exc.field else f"{spec}: {exc}") from None
 
 
 def _make_cwd_importable() -> None:

@@ -12,8 +12,11 @@ import logging
 import random
 import threading
 import time
+from collections.abc import Callable
 
-from pgqueue import Queue
+import psycopg_pool
+
+from pgqueue import DatabaseUnavailable, Queue
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -41,16 +44,35 @@ class Backoff:
 
 
 class DatabaseHealth:
-    """Whether the database is taking this worker's writes, logged on each change."""
+    """Whether the database is taking this worker's writes, logged on each change.
 
-    def __init__(self) -> None:
+    ``probe``, if given, is asked why the database is unavailable when a call failed
+    only because the pool had no connection to give (psycopg_pool's timeout says
+    nothing of the cause): it returns the reason, with host and port, or None.
+    """
+
+    def __init__(self, probe: Callable[[], str | None] | None = None) -> None:
         self._lock = threading.Lock()
         self._down_since: float | None = None
+        self._probe = probe
+        self._created = time.monotonic()
+        self._seen_up = False
+        self.cause: str | None = None
+        """What the current (or last) outage is, in one line."""
 
     @property
     def down(self) -> bool:
         """True from the first failure until the next success."""
         return self._down_since is not None
+
+    def down_for(self, now: float) -> float:
+        """Seconds (on the monotonic clock, ``now``) the database has been unavailable;
+        0 while it is not. Until a first success, counted from this object's creation:
+        a worker that never reached its database has been without it from the start."""
+        down_since = self._down_since
+        if down_since is None:
+            return 0.0
+        return now - (down_since if self._seen_up else self._created)
 
     def failed(self, where: str, error: BaseException) -> None:
         """A database call made by ``where`` failed; log it if it starts an outage."""
@@ -58,12 +80,19 @@ class DatabaseHealth:
             already_down = self._down_since is not None
             if not already_down:
                 self._down_since = time.monotonic()
+        description = _describe(error)
+        pool_timeout = isinstance(error.__cause__, psycopg_pool.PoolTimeout)
         if already_down:
-            log.debug("%s (%s); still retrying", _describe(error), where)
+            if not pool_timeout or self.cause is None:
+                self.cause = description
+            log.debug("%s (%s); still retrying", description, where)
             return
+        if pool_timeout and self._probe is not None:
+            description = self._probe() or description
+        self.cause = description
         log.warning(
             "%s (%s); retrying with backoff up to %.0f s",
-            _describe(error),
+            description,
             where,
             MAX_BACKOFF_SECONDS,
         )
@@ -72,12 +101,14 @@ class DatabaseHealth:
         """A write went through (a read proves nothing: a read-only server answers
         those); log the end of the outage if there was one."""
         if self._down_since is None:  # the common case, without taking the lock
+            self._seen_up = True
             return
         with self._lock:
             if self._down_since is None:
                 return
             lasted = time.monotonic() - self._down_since
             self._down_since = None
+            self._seen_up = True
         log.warning("database available again after %.1f s", lasted)
 
 
@@ -85,6 +116,16 @@ def _describe(error: BaseException) -> str:
     text = str(error).strip() or type(error).__name__
     # DatabaseUnavailable already says so; anything else gets the same prefix.
     return text if text.startswith("database unavailable") else f"database unavailable: {text}"
+
+
+def why_unavailable(queue: Queue) -> str | None:
+    """Connect to the queue's database on a connection of its own and say why that
+    fails (host, port, cause), or None if it works."""
+    try:
+        queue.ping(timeout=2.0)
+    except DatabaseUnavailable as exc:
+        return str(exc)
+    return None
 
 
 def discard_broken_connections(queue: Queue) -> None:

@@ -6,6 +6,11 @@ others skip their round. Batches are small and each commits on its own, so pruni
 large backlog never holds row locks for long, never blocks claims, and leaves
 autovacuum a steady trickle of dead rows instead of one huge DELETE's worth.
 
+Pruning is schema-wide, like reaping: retention is a property of the jobs table, not of
+the queues a worker happens to serve, and a queue that no running worker serves would
+otherwise keep its finished jobs forever. A worker started with ``--prune-interval 0``
+leaves pruning to the others.
+
 Dead jobs are kept longer than succeeded ones by default: they are the ones somebody
 may still want to look at, or retry.
 """

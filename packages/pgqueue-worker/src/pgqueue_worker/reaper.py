@@ -1,7 +1,13 @@
 """The reaper: puts jobs whose lease expired back to queued, or dead-letters them.
 
 Every worker runs one, but ``Queue.reap`` takes a transaction-scoped advisory lock, so
-at most one reaps at a time and the others skip their turn. Lifecycle hooks for the
+at most one reaps at a time and the others skip their turn.
+
+Reaping is schema-wide: a worker reaps the expired leases of every queue in its schema,
+not only of the queues it serves. A worker that crashed while running jobs of a queue no
+other running worker serves must still have them put back (and counted as failed
+attempts) without waiting for a worker of that queue; and whichever worker reaps, the
+jobs go back to their own queue, for their own workers to claim. Lifecycle hooks for the
 reaped jobs (``on_fail``, and ``on_dead`` at the last attempt) run in the process that
 reaped them, after the reap committed.
 """

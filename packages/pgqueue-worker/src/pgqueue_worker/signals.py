@@ -20,7 +20,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 def stop_on_signals(worker: Worker) -> Iterator[None]:
     """While inside, SIGTERM or SIGINT calls ``worker.stop()``: it claims nothing more,
     lets running handlers finish and writes their outcomes. A second signal exits the
-    process at once with status 128 + the signal number, leaving running jobs to their
+    process at once with status 128 + the signal number (143 for SIGTERM, 130 for
+    SIGINT: what a shell shows for a process the signal killed, and distinct from every
+    status ``pgqueue worker`` exits with by itself), leaving running jobs to their
     leases. Must be entered in the main thread."""
     received = 0
 

@@ -40,7 +40,12 @@ from pgqueue_worker.executor import Attempt, Executor
 from pgqueue_worker.handlers import HandlerLike, as_task_handlers
 from pgqueue_worker.heartbeat import Heartbeat
 from pgqueue_worker.leases import LeaseSet
-from pgqueue_worker.outage import Backoff, DatabaseHealth, discard_broken_connections
+from pgqueue_worker.outage import (
+    Backoff,
+    DatabaseHealth,
+    discard_broken_connections,
+    why_unavailable,
+)
 from pgqueue_worker.outcomes import Outcome, OutcomeWriter, WriteReport
 from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Pruner, Retention
 from pgqueue_worker.reaper import Reaper
@@ -65,6 +70,8 @@ MAX_SLEEP_SECONDS = 60.0
 # First wait before looking again for a job that is runnable but was locked by another
 # transaction (doubling while that lasts).
 RECHECK_SECONDS = 0.01
+# How long a burst worker waits before it tries again to reap when another holds the lock.
+BURST_REAP_RECHECK_SECONDS = 0.1
 # How long the helper threads get to finish their current round when the worker stops.
 HELPER_STOP_SECONDS = 5.0
 
@@ -100,6 +107,7 @@ class Worker:
         reap_interval: float = DEFAULT_REAP_INTERVAL,
         claim_mode: str = "skip-locked",
         burst: bool = False,
+        give_up_after: float | None = None,
         shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT,
         worker_id: str | None = None,
         retention: Retention | None = None,
@@ -129,6 +137,8 @@ class Worker:
             raise ValidationError("claim_mode", f"must be one of {', '.join(CLAIM_MODES)}")
         if shutdown_timeout < 0:
             raise ValidationError("shutdown_timeout", "must not be negative")
+        if give_up_after is not None:
+            _positive("give_up_after", give_up_after)
         if prune_interval < 0:
             raise ValidationError("prune_interval", "must not be negative (0 turns pruning off)")
         self.concurrency = concurrency
@@ -140,6 +150,10 @@ class Worker:
         self.reap_interval = reap_interval
         self.claim_mode = claim_mode
         self.burst = burst
+        self.give_up_after = give_up_after
+        """Seconds the database may stay unavailable before :meth:`run` stops, as on
+        :meth:`stop`, and raises DatabaseUnavailable; None waits however long it takes."""
+        self._gave_up: str | None = None
         self.shutdown_timeout = shutdown_timeout
         self.worker_id = worker_id or default_worker_id()
         # None (the library default) prunes nothing; `pgqueue worker` passes its flags'
@@ -150,8 +164,7 @@ class Worker:
         """What this worker did: succeeded, failed, timed_out, lost (outcomes discarded),
         and database_errors (claim-loop rounds the database refused)."""
 
-        # Inspecting a handler's signature costs more than running a no-op job.
-        self._wants_job = {name: h.wants_job for name, h in self.handlers.items()}
+        # Inspecting a handler costs more than running a no-op job.
         self._is_async = {name: h.is_async for name, h in self.handlers.items()}
 
         # Handed over from other threads; everything below them is the claim loop's own.
@@ -168,7 +181,7 @@ class Worker:
         self._stop_requested = False
         self._claim_due = True  # set by notifications too: a plain flag, read each round
 
-        self._health = DatabaseHealth()
+        self._health = DatabaseHealth(probe=lambda: why_unavailable(self.queue))
         self._backoff = Backoff()
         self._retry_at = 0.0  # during an outage, no claim before this (monotonic)
         # Jobs asked of the claimer and not yet received (0: no claim in progress).
@@ -207,11 +220,22 @@ class Worker:
     def run(self) -> bool:
         """Serve jobs until stopped. Returns True when the worker stopped cleanly (every
         claimed job's outcome written or discarded, no handler still running), False
-        when the shutdown timeout left jobs to their leases."""
+        when the shutdown timeout left jobs to their leases. With ``give_up_after``,
+        raises :class:`~pgqueue.DatabaseUnavailable` once the database has been
+        unavailable that long (having stopped as :meth:`stop` does)."""
         if self._started:
             raise RuntimeError("a Worker runs once; create a new one")
         self._started = True
-        executor = Executor(self.concurrency, self._handler_finished, self._handler_started)
+        # No statement may hang the worker: one that overruns half a lease has its
+        # connection cut off, fails, and is retried like any lost connection, while
+        # the leases it would otherwise have kept alive still expire on time.
+        self.queue = self.queue.with_statement_timeout(self.lease_seconds / 2)
+        executor = Executor(
+            self.concurrency,
+            self._handler_finished,
+            self._handler_started,
+            on_running=self._handler_running,
+        )
         writer = OutcomeWriter(self.queue, health=self._health, on_written=self._outcomes_written)
         claimer = Claimer(
             self.queue,
@@ -222,7 +246,11 @@ class Worker:
             mode=self.claim_mode,
             on_claimed=self._claimed,
         )
-        heartbeat_queue = connections.sibling_queue(self.queue, connections.HEARTBEAT)
+        # The heartbeat's statements too: a stuck one is cut off while a retry can
+        # still extend the leases before they expire.
+        heartbeat_queue = connections.sibling_queue(
+            self.queue, connections.HEARTBEAT
+        ).with_statement_timeout(self.queue.statement_timeout)
         heartbeat = Heartbeat(
             heartbeat_queue,
             self._leases,
@@ -249,7 +277,7 @@ class Worker:
         self._log_start()
         if pruner is not None:
             log.info(
-                "pruning finished jobs every %g s (one worker at a time): %s",
+                "pruning finished jobs of every queue every %g s (one worker at a time): %s",
                 self.prune_interval,
                 self.retention.describe(),
             )
@@ -263,7 +291,10 @@ class Worker:
         if listener is not None:
             listener.start()
         try:
-            return self._serve(executor, claimer, writer)
+            clean = self._serve(executor, claimer, writer)
+            if self._gave_up is not None:
+                raise DatabaseUnavailable(self._gave_up)
+            return clean
         finally:
             helpers = [
                 h for h in (listener, pruner, reaper, heartbeat, claimer, writer) if h is not None
@@ -291,6 +322,8 @@ class Worker:
             self._wake_sent = False
             now = time.monotonic()
             self._collect(executor, now)
+            if self.give_up_after is not None and not self._stop_requested:
+                self._give_up_if_down_too_long(now)
 
             if self._stop_requested:
                 if stop_deadline is None:
@@ -305,11 +338,15 @@ class Worker:
                     log.info("stopped cleanly")
                     return True
                 if now >= stop_deadline:
+                    running = [a for a in self._attempts.values() if not a.returned]
                     log.warning(
                         "shutdown timeout: leaving %d running jobs (%s) to their leases",
                         self._busy,
-                        ", ".join(str(a.job.id) for a in self._attempts.values() if not a.returned),
+                        ", ".join(str(a.job.id) for a in running),
                     )
+                    # Their outcomes will not be written: tell handlers that look.
+                    for attempt in running:
+                        attempt.job.mark_cancelled()
                     return False
 
             if (
@@ -318,12 +355,25 @@ class Worker:
                 and not self._claiming
                 and self._busy == 0
                 and not self._pending
+                and self._reaped_before_exit()
             ):
                 log.info("burst: no runnable job left for this worker; exiting")
                 return True
 
             self._write_and_claim(claimer, writer, now)
             self._wake.wait(self._sleep_seconds(time.monotonic(), stop_deadline))
+
+    def _give_up_if_down_too_long(self, now: float) -> None:
+        """Stop, as on :meth:`stop`, once the database has been unavailable for
+        ``give_up_after`` seconds; :meth:`run` then raises."""
+        down_for = self._health.down_for(now)
+        if down_for < self.give_up_after:
+            return
+        cause = (self._health.cause or "database unavailable").removeprefix(
+            "database unavailable: "
+        )
+        self._gave_up = f"database unavailable for {down_for:.0f} s, giving up: {cause}"
+        self._stop_requested = True
 
     def _collect(self, executor: Executor, now: float) -> None:
         """Take in claimed jobs, finished handlers, leases the heartbeat found lost, and
@@ -396,6 +446,36 @@ class Worker:
                 self.counts["timed_out"] += 1
                 self._wait_to_write(Outcome(attempt, error=attempt.abandoned))
                 executor.cancel(attempt)
+
+    def _reaped_before_exit(self) -> bool:
+        """Before a burst worker concludes that nothing is left, it reaps: a job whose
+        worker died is still ``running`` until its expired lease is reaped, and would
+        otherwise be left behind by a burst that found "nothing to do". True when
+        nothing was left to reap; otherwise the worker looks for jobs once more (a
+        reaped job is due again after its backoff, like any failed attempt).
+
+        Reaping is schema-wide, as the reaper thread's is (see ``Reaper``)."""
+        try:
+            reaped = self.queue.reap()
+        except DatabaseUnavailable as exc:
+            self.counts["database_errors"] += 1
+            self._health.failed("burst reap", exc)
+            discard_broken_connections(self.queue)
+            reaped = None
+            self._retry_at = time.monotonic() + self._backoff.next()
+        if reaped == []:
+            return True
+        if reaped is None:
+            # Another worker holds the reaper lock, reaping right now: look again shortly.
+            self._retry_at = max(self._retry_at, time.monotonic() + BURST_REAP_RECHECK_SECONDS)
+        else:
+            log.info(
+                "burst: reaped %d jobs whose lease expired: %s",
+                len(reaped),
+                ", ".join(f"{job.id} ({job.state.value})" for job in reaped[:20]),
+            )
+        self._found_nothing = False
+        return False
 
     def _write_and_claim(self, claimer: Claimer, writer: OutcomeWriter, now: float) -> None:
         """Hand the outcomes waiting to be written to the writer and, with room and
@@ -502,7 +582,6 @@ class Worker:
                 job=job,
                 lease=_lease(job),
                 handler=handler,
-                wants_job=self._wants_job[job.task],
                 is_async=self._is_async[job.task],
                 timeout_seconds=timeout,
             )
@@ -607,6 +686,14 @@ class Worker:
     def _handler_started(self, attempt: Attempt) -> None:
         """A handler with a time limit started: the loop must wake at its deadline."""
         self._poke()
+
+    def _handler_running(self, attempt: Attempt) -> None:
+        """On the handler's own thread, just before it is called: ``on_start``. Not when
+        the job is claimed: a job claimed ahead may wait for a slot, and one called off
+        while it waits never starts."""
+        hooks = self.queue.hooks
+        if hooks is not None:
+            hooks.call("on_start", job=attempt.job)
 
     def _handler_finished(self, attempt: Attempt, result: Any, error: BaseException | None) -> None:
         self._finished.put((attempt, result, error))

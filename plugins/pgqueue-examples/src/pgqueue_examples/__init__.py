@@ -26,11 +26,13 @@ def echo(payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
-def sleep(payload: dict[str, Any]) -> dict[str, float]:
-    """Sleep ``payload["seconds"]`` (default 1) and say how long."""
+def sleep(payload: dict[str, Any], job: Job) -> dict[str, float]:
+    """Sleep ``payload["seconds"]`` (default 1) and say how long, or stop early when the
+    worker calls the attempt off (the job was cancelled, say)."""
     seconds = float(payload.get("seconds", 1))
-    time.sleep(seconds)
-    return {"slept": seconds}
+    started = time.monotonic()
+    job.wait_cancelled(seconds)
+    return {"slept": seconds if not job.cancelled else round(time.monotonic() - started, 3)}
 
 
 def fail(payload: dict[str, Any]) -> None:

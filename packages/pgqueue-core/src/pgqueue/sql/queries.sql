@@ -36,7 +36,28 @@ ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
 RETURNING *;
 
 -- name: job_get_many_by_idempotency_key
-SELECT * FROM {schema}.jobs WHERE idempotency_key = ANY(%(idempotency_keys)s::text[]);
+-- For each item whose key was taken (by an earlier item of the same insert, or by a job
+-- already in the table), the job holding the key and which of task, queue and payload
+-- differ from the item's. Payloads are compared as jsonb, so key order, white space and
+-- the spelling of numbers do not count as differences. One row per item found, with its
+-- position, counted from 1, in the arrays given.
+SELECT job.*, item.position,
+       array_remove(ARRAY[
+           CASE WHEN job.task <> item.task THEN 'task' END,
+           CASE WHEN job.queue <> item.queue THEN 'queue' END,
+           CASE WHEN job.payload <> item.payload THEN 'payload' END
+       ], NULL) AS differs
+FROM unnest(%(idempotency_keys)s::text[], %(tasks)s::text[], %(queues)s::text[],
+            %(payloads)s::jsonb[])
+     WITH ORDINALITY AS item (key, task, queue, payload, position)
+JOIN {schema}.jobs AS job
+  ON job.idempotency_key = item.key AND job.idempotency_key IS NOT NULL;
+
+-- name: job_delete_created
+-- Takes back jobs that the caller's own transaction has just inserted (an enqueue_many
+-- refused for an idempotency conflict), so that the caller may still commit the rest of
+-- its work without them. Nobody else has seen them: they are not committed.
+DELETE FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]);
 
 -- name: job_claim
 -- queued -> running for up to %(limit)s runnable jobs in claim order. Each claim is a
@@ -83,8 +104,8 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
 -- timestamp costs the server and the client a conversion per row.
 RETURNING job.id, job.queue, job.task, job.payload::text AS payload, job.priority,
           job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
-          job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.result,
-          job.idempotency_key;
+          job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.errors,
+          job.result, job.idempotency_key;
 
 -- name: job_claim_times
 -- started_at and lease_expires_at as job_claim set them, run in its transaction after
@@ -147,6 +168,9 @@ acked AS (
     SET state = 'succeeded',
         result = done.result,
         finished_at = now(),
+        -- The errors of earlier attempts stay in errors; last_error is for jobs that
+        -- have not succeeded.
+        last_error = NULL,
         lease_token = NULL,
         lease_expires_at = NULL
     FROM done
@@ -169,6 +193,12 @@ SET state = CASE WHEN job.attempts >= job.max_attempts
                   THEN job.run_at ELSE now() + make_interval(secs => %(retry_delay)s) END,
     finished_at = CASE WHEN job.attempts >= job.max_attempts THEN now() END,
     last_error = %(error)s,
+    -- Appended to the history in the same UPDATE, the last 20 kept (migration 0006).
+    errors = jsonb_path_query_array(
+        coalesce(job.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+            'attempt', job.attempts, 'failed_at', now(), 'worker_id', job.worker_id,
+            'error', left(%(error)s, 2000))),
+        '$[last - 19 to last]'),
     lease_token = NULL,
     lease_expires_at = NULL
 WHERE job.id = %(id)s AND job.lease_token = %(token)s AND job.state = 'running'
@@ -179,7 +209,11 @@ RETURNING job.*;
 -- and backs off like any other (delay = min(cap, base * 2^(attempt-1)), half of it
 -- random, the same rule as pgqueue.backoff).
 WITH expired AS (
-    SELECT id FROM {schema}.jobs
+    SELECT id,
+           'lease expired after ' || to_char(now() - started_at, 'HH24:MI:SS.MS')
+           || ' (worker ' || coalesce(worker_id, 'unknown') || ' stopped heartbeating)'
+           AS error
+    FROM {schema}.jobs
     WHERE state = 'running' AND lease_expires_at < now()
     ORDER BY lease_expires_at
     LIMIT %(limit)s
@@ -195,8 +229,13 @@ SET state = CASE WHEN job.attempts >= job.max_attempts
                       * (0.5 + random() / 2))
              END,
     finished_at = CASE WHEN job.attempts >= job.max_attempts THEN now() END,
-    last_error = 'lease expired after ' || to_char(now() - job.started_at, 'HH24:MI:SS.MS')
-                 || ' (worker ' || coalesce(job.worker_id, 'unknown') || ' stopped heartbeating)',
+    last_error = expired.error,
+    -- As in job_fail.
+    errors = jsonb_path_query_array(
+        coalesce(job.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+            'attempt', job.attempts, 'failed_at', now(), 'worker_id', job.worker_id,
+            'error', left(expired.error, 2000))),
+        '$[last - 19 to last]'),
     lease_token = NULL,
     lease_expires_at = NULL
 FROM expired
@@ -253,6 +292,45 @@ SELECT counts.*,
 FROM counts
 WHERE counts.queued + counts.running + counts.succeeded + counts.dead + counts.cancelled > 0
 ORDER BY counts.queue;
+
+-- name: jobs_unserved
+-- Per queue and task, the queued jobs that have been runnable (and enqueued) for longer
+-- than %(after_seconds)s while no job of that queue and task is running: jobs no worker
+-- takes, most likely because no running worker serves their task in their queue (a
+-- misspelt task name, a handler that was removed, a queue nobody serves), or because
+-- the workers that do have been busy with other jobs all that time.
+-- Cheap however much history the table holds, and bounded however long the backlog:
+-- the queued jobs come from jobs_claim_idx (queued rows only), in claim order, at most
+-- %(limit)s per queue (jobs nobody claims stay at the head of their queue, as claims go
+-- past them), and the running ones from jobs_running_idx.
+WITH waiting_queues AS (
+    SELECT queue FROM {schema}.queue_rollups GROUP BY queue HAVING sum(queued) > 0
+),
+-- Read once, not once per queue.
+running AS MATERIALIZED (
+    SELECT DISTINCT queue, task FROM {schema}.jobs WHERE state = 'running'
+),
+waiting AS (
+    SELECT waited.queue, waited.task
+    FROM waiting_queues
+    CROSS JOIN LATERAL (
+        SELECT job.queue, job.task FROM {schema}.jobs AS job
+        WHERE job.state = 'queued'
+          AND job.queue = waiting_queues.queue
+          AND job.run_at <= now() - make_interval(secs => %(after_seconds)s)
+          -- Runnable since it was enqueued, for a job enqueued with a past run_at.
+          AND job.enqueued_at <= now() - make_interval(secs => %(after_seconds)s)
+        ORDER BY job.priority DESC, job.run_at, job.id
+        LIMIT %(limit)s
+    ) AS waited
+)
+SELECT queue, task, count(*)::bigint AS jobs
+FROM waiting
+WHERE NOT EXISTS (
+    SELECT FROM running WHERE running.queue = waiting.queue AND running.task = waiting.task
+)
+GROUP BY queue, task
+ORDER BY queue, task;
 
 -- name: job_prune
 -- Deletes one batch of finished jobs older than the cutoff; run until it deletes none.
