@@ -36,6 +36,11 @@ CASES: dict[str, tuple[dict[str, str], list[str], Check]] = {
         ["--concurrency", "5"],
         lambda p: p.runner.concurrency == 5,
     ),
+    "PGQUEUE_ASYNC_CONCURRENCY": (
+        {"PGQUEUE_ASYNC_CONCURRENCY": "2500"},
+        [],
+        lambda p: p.runner.async_concurrency == 2500 and p.runner.concurrency == 32,
+    ),
     "PGQUEUE_PREFETCH": ({"PGQUEUE_PREFETCH": "7"}, [], lambda p: p.runner.prefetch == 7),
     "PGQUEUE_HANDLERS": (
         {"PGQUEUE_HANDLERS": "worker_test_handlers:SHOUTING"},

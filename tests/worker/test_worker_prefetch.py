@@ -14,29 +14,11 @@ from typing import Any
 import psycopg
 import pytest
 from polling import wait_for
-from worker_support import wait_until_state
+from worker_support import Overlap, wait_until_state
 
 from pgqueue import JobSpec, JobState, Queue
 
 pytestmark = pytest.mark.slow
-
-
-class Overlap:
-    """Counts handlers running at once, across threads and the event loop."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.now = 0
-        self.most = 0
-
-    def enter(self) -> None:
-        with self._lock:
-            self.now += 1
-            self.most = max(self.most, self.now)
-
-    def leave(self) -> None:
-        with self._lock:
-            self.now -= 1
 
 
 def claim_batches(db: psycopg.Connection, schema: str) -> list[int]:
@@ -51,26 +33,29 @@ def claim_batches(db: psycopg.Connection, schema: str) -> list[int]:
 def test_short_jobs_are_claimed_ahead_yet_no_more_than_concurrency_run_at_once(
     run_worker, queue: Queue, db: psycopg.Connection, schema: str
 ) -> None:
-    overlap = Overlap()
+    threads, coroutines = Overlap(), Overlap()
 
     def plain(payload: dict[str, Any]) -> None:
-        overlap.enter()
+        threads.enter()
         time.sleep(0.001)
-        overlap.leave()
+        threads.leave()
 
     async def coroutine(payload: dict[str, Any]) -> None:
-        overlap.enter()
+        coroutines.enter()
         await asyncio.sleep(0.001)
-        overlap.leave()
+        coroutines.leave()
 
     specs = [JobSpec("plain" if n % 2 else "coroutine", {"n": n}) for n in range(1200)]
     queue.enqueue_many(specs)
-    worker = run_worker({"plain": plain, "coroutine": coroutine}, concurrency=4, burst=True)
+    worker = run_worker(
+        {"plain": plain, "coroutine": coroutine}, concurrency=4, async_concurrency=3, burst=True
+    )
     worker.thread.join(120)
     assert not worker.thread.is_alive() and worker.clean is True
 
     assert worker.worker.counts["succeeded"] == 1200
-    assert overlap.most == 4  # plain and async handlers share the four slots
+    # Each kind up to its own slots: four threads, three coroutines.
+    assert (threads.most, coroutines.most) == (4, 3)
     batches = claim_batches(db, schema)
     assert sum(batches) == 1200
     assert batches[0] > 4 * 4, f"no claim much beyond the 4 slots: {batches[:5]}"

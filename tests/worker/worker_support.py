@@ -163,3 +163,21 @@ class ThreadedWorker:
         assert not self.thread.is_alive(), "the worker did not stop"
         assert self.error is None, f"the worker raised {self.error!r}"
         return self.clean
+
+
+class Overlap:
+    """Counts handlers running at once, across threads and the event loop."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.now = 0
+        self.most = 0
+
+    def enter(self) -> None:
+        with self._lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+
+    def leave(self) -> None:
+        with self._lock:
+            self.now -= 1

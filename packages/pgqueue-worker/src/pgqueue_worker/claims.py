@@ -63,15 +63,16 @@ class Claimer(HandOffService):
         self.worker_id = worker_id
         self.mode = mode
         self.on_claimed = on_claimed
-        self._requested: int | None = None
+        self._requested: tuple[int, list[str]] | None = None
 
-    def request(self, limit: int) -> None:
-        """Claim up to ``limit`` jobs; the result goes to ``on_claimed``. Only one claim
-        may be asked for at a time: ask again after its result arrived."""
+    def request(self, limit: int, tasks: Collection[str] | None = None) -> None:
+        """Claim up to ``limit`` jobs of ``tasks`` (default: every task the claimer
+        serves); the result goes to ``on_claimed``. Only one claim may be asked for at
+        a time: ask again after its result arrived."""
         with self._changed:
             if self._requested is not None:
                 raise RuntimeError("a claim is already in progress")
-            self._requested = limit
+            self._requested = (limit, self.tasks if tasks is None else list(tasks))
             self._changed.notify()
 
     def _run(self) -> None:
@@ -81,17 +82,17 @@ class Claimer(HandOffService):
                     self._changed.wait()
                 if self._requested is None:
                     return
-                limit = self._requested
-            result = self._claim(limit)
+                limit, tasks = self._requested
+            result = self._claim(limit, tasks)
             with self._changed:
                 self._requested = None
             self.on_claimed(result)
 
-    def _claim(self, limit: int) -> ClaimResult:
+    def _claim(self, limit: int, tasks: list[str]) -> ClaimResult:
         try:
             jobs = self.queue.claim(
                 self.queues,
-                self.tasks,
+                tasks,
                 limit,
                 lease_seconds=self.lease_seconds,
                 worker_id=self.worker_id,
@@ -102,7 +103,7 @@ class Claimer(HandOffService):
         if len(jobs) == limit:
             return ClaimResult(limit, jobs)
         try:
-            seconds = self.queue.next_run_in(self.queues, self.tasks)
+            seconds = self.queue.next_run_in(self.queues, tasks)
         except Exception:
             # The claim itself committed: its jobs must reach the loop. Without the
             # delay, the loop looks again at its next poll.

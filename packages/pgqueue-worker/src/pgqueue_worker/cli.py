@@ -34,6 +34,7 @@ from pgqueue_worker.outage import why_unavailable
 from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Retention
 from pgqueue_worker.signals import stop_on_signals
 from pgqueue_worker.worker import (
+    DEFAULT_ASYNC_CONCURRENCY,
     DEFAULT_CONCURRENCY,
     DEFAULT_POLL_INTERVAL,
     DEFAULT_PREFETCH,
@@ -103,7 +104,15 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Any:
     type=click.IntRange(1, 1024),
     default=DEFAULT_CONCURRENCY,
     show_default=True,
-    help="Handler slots: jobs run at once.",
+    help="Thread slots: plain (def) handlers run at once.",
+)
+@_option(
+    "async-concurrency",
+    type=click.IntRange(1, 100_000),
+    default=DEFAULT_ASYNC_CONCURRENCY,
+    show_default=True,
+    help="Coroutine slots: async def handlers run at once, on one event loop (they hold "
+    "no thread while they await).",
 )
 @_option(
     "prefetch",
@@ -343,6 +352,7 @@ def prepare_worker(
     *,
     queues: tuple[str, ...],
     concurrency: int,
+    async_concurrency: int,
     prefetch: int,
     handler_specs: tuple[str, ...],
     plugin_modules: tuple[str, ...],
@@ -412,6 +422,7 @@ def prepare_worker(
             handlers,
             queues=queues,
             concurrency=concurrency,
+            async_concurrency=async_concurrency,
             prefetch=prefetch,
             lease_seconds=lease_seconds,
             heartbeat_seconds=heartbeat_seconds,

@@ -4,10 +4,14 @@ The claim loop hands each claimed job to :meth:`Executor.submit` and hears back
 through the ``on_finished`` callback, from whichever thread ran the handler. The
 executor knows nothing about leases or the database; it runs handlers and reports.
 
-At most ``size`` handlers run at once, plain and ``async`` together. The claim loop may
-submit more than that (jobs claimed ahead, see the worker's prefetch): those wait, in
-claim order, and each starts as soon as a running handler finishes, without a round
-through the claim loop.
+The two kinds have limits of their own: at most ``size`` plain functions run at once
+(one per thread), and at most ``async_size`` coroutines. A coroutine that awaits holds
+no thread, so the event loop can run far more of them than there are threads, and
+jobs that await drain at up to their slots over the await time (20 ms jobs in 32
+slots could not pass 1,600 jobs/s). The claim loop may submit more
+than a kind's limit (jobs claimed ahead, see the worker's prefetch): those wait, in
+claim order, and each starts as soon as a running handler of its kind finishes,
+without a round through the claim loop.
 
 A plain function cannot be interrupted from outside, so a handler that overruns its
 timeout keeps its thread until it returns (its outcome is then discarded). Coroutines
@@ -19,7 +23,6 @@ that checks ``job.cancelled`` can return early.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import inspect
 import logging
 import queue
@@ -60,7 +63,10 @@ class Attempt:
     """The handler has returned (or raised): its slot is free."""
     abandoned: str | None = None
     """Why the handler's eventual outcome will be discarded (timed out, lease lost)."""
-    future: concurrent.futures.Future[Any] | None = field(default=None, repr=False)
+    task: asyncio.Task[Any] | None = field(default=None, repr=False)
+    """The coroutine handler's task on the event loop, once the loop started it."""
+    entered: bool = False
+    """The coroutine handler's task has begun (set on the event loop's thread)."""
 
     def call(self) -> Any:
         """Call the handler with what its signature asks for (see TaskHandler)."""
@@ -72,13 +78,26 @@ StartedCallback = Callable[[Attempt], None]
 RunningCallback = Callable[[Attempt], None]
 
 
+class Slots:
+    """One kind's handler slots: how many it has, how many run, and the attempts
+    submitted beyond them, waiting in claim order. Guarded by the executor's lock."""
+
+    __slots__ = ("running", "size", "waiting")
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.running = 0
+        self.waiting: deque[Attempt] = deque()
+
+
 class Executor:
     """``size`` threads for plain handlers and, started on first use, one thread running
-    an asyncio event loop for coroutine handlers, with at most ``size`` handlers running
-    at once. ``on_started`` hears of each attempt with a time limit as it takes a slot
-    (its deadline is set then); ``on_running`` of every attempt on the thread that runs
-    its handler, just before the handler is called (the event loop's thread for a
-    coroutine); ``on_finished`` of every attempt as it ends.
+    an asyncio event loop for coroutine handlers, with at most ``size`` plain handlers
+    and ``async_size`` coroutine handlers running at once. ``on_started`` hears of each
+    attempt with a time limit as it takes a slot (its deadline is set then);
+    ``on_running`` of every attempt on the thread that runs its handler, just before
+    the handler is called (the event loop's thread for a coroutine); ``on_finished`` of
+    every attempt as it ends.
     """
 
     def __init__(
@@ -87,14 +106,17 @@ class Executor:
         on_finished: FinishedCallback,
         on_started: StartedCallback | None = None,
         on_running: RunningCallback | None = None,
+        *,
+        async_size: int | None = None,
     ) -> None:
         self.size = size
+        self.async_size = size if async_size is None else async_size
         self._on_finished = on_finished
         self._on_started = on_started
         self._on_running = on_running
         self._lock = threading.Lock()
-        self._running = 0
-        self._waiting: deque[Attempt] = deque()
+        self._plain = Slots(size)
+        self._async = Slots(self.async_size)
         self._inbox: queue.SimpleQueue[Attempt | None] = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -114,54 +136,63 @@ class Executor:
     @property
     def waiting(self) -> int:
         """Attempts submitted that no slot has started yet."""
-        return len(self._waiting)
+        return len(self._plain.waiting) + len(self._async.waiting)
 
     def submit(self, attempt: Attempt) -> None:
-        """Run ``attempt``'s handler in a free slot, or as soon as one frees up."""
+        """Run ``attempt``'s handler in a free slot of its kind, or as soon as one frees up."""
+        self.submit_many([attempt])
+
+    def submit_many(self, attempts: list[Attempt]) -> None:
+        """:meth:`submit` each of ``attempts``, in order. The coroutines among them that
+        have a free slot reach the event loop in one hand-over, not one each."""
+        starting: list[Attempt] = []
         with self._lock:
-            if self._running >= self.size:
-                self._waiting.append(attempt)
-                return
-            self._running += 1
-        self._start(attempt)
+            for attempt in attempts:
+                slots = self._async if attempt.is_async else self._plain
+                if slots.running >= slots.size:
+                    slots.waiting.append(attempt)
+                else:
+                    slots.running += 1
+                    starting.append(attempt)
+        coroutines = []
+        for attempt in starting:
+            self._mark_started(attempt)
+            if attempt.is_async:
+                coroutines.append(attempt)
+            else:
+                self._inbox.put(attempt)
+        if coroutines:
+            self._event_loop().call_soon_threadsafe(self._spawn_all, coroutines)
 
     def cancel(self, attempt: Attempt) -> None:
         """Cancel an attempt: one still waiting for a slot is reported at once as
         cancelled, a coroutine handler is cancelled, and a plain function runs on until
         it returns (its job's ``cancelled`` turns True, for it to notice)."""
         attempt.job.mark_cancelled()
+        slots = self._async if attempt.is_async else self._plain
         with self._lock:
             try:
-                self._waiting.remove(attempt)
+                slots.waiting.remove(attempt)
             except ValueError:
                 waited = False
             else:
                 waited = True
         if waited:
             self._report(attempt, None, asyncio.CancelledError())
-        elif attempt.future is not None:
-            attempt.future.cancel()
+        elif attempt.is_async and self._loop is not None:
+            self._loop.call_soon_threadsafe(self._cancel_task, attempt)
 
     def shutdown(self) -> None:
         """Let idle slot threads exit and stop the event loop; running handlers are not
         waited for (the worker decides how long to wait before calling this), and
         attempts still waiting for a slot are dropped."""
         with self._lock:
-            self._waiting.clear()
+            self._plain.waiting.clear()
+            self._async.waiting.clear()
         for _ in self._threads:
             self._inbox.put(None)
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
-
-    def _start(self, attempt: Attempt) -> None:
-        """Start ``attempt`` in a slot already counted as running."""
-        self._mark_started(attempt)
-        if attempt.is_async:
-            loop = self._event_loop()
-            attempt.future = asyncio.run_coroutine_threadsafe(self._run_coroutine(attempt), loop)
-            attempt.future.add_done_callback(lambda future: self._report_future(attempt, future))
-        else:
-            self._inbox.put(attempt)
 
     def _mark_started(self, attempt: Attempt) -> None:
         attempt.started_at = time.monotonic()
@@ -179,13 +210,13 @@ class Executor:
             except Exception:
                 log.exception("could not report the start of job %s", attempt.job.id)
 
-    def _next_in_freed_slot(self) -> Attempt | None:
-        """A handler returned: the waiting attempt to run in its slot, if any (the slot
-        stays counted as running), else None (and the slot is free)."""
+    def _next_in_freed_slot(self, slots: Slots) -> Attempt | None:
+        """A handler returned: the waiting attempt of its kind to run in its slot, if
+        any (the slot stays counted as running), else None (and the slot is free)."""
         with self._lock:
-            if self._waiting:
-                return self._waiting.popleft()
-            self._running -= 1
+            if slots.waiting:
+                return slots.waiting.popleft()
+            slots.running -= 1
             return None
 
     # -- plain functions ----------------------------------------------------------
@@ -208,17 +239,18 @@ class Executor:
                 following = self._report(attempt, result, None)
             # A plain function waiting for a slot runs on this thread at once: handing it
             # to an idle thread would cost a thread switch per job.
-            if following is not None and not following.is_async:
+            if following is not None:
                 self._mark_started(following)
                 attempt = following
                 continue
-            if following is not None:
-                self._start(following)
             attempt = self._inbox.get()
 
     # -- coroutines ---------------------------------------------------------------
 
     def _event_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop
+        if loop is not None:
+            return loop
         with self._loop_lock:
             if self._loop is None:
                 loop = asyncio.new_event_loop()
@@ -235,26 +267,45 @@ class Executor:
                 self._loop = loop
             return self._loop
 
-    async def _run_coroutine(self, attempt: Attempt) -> Any:
-        self._running_now(attempt)
-        return await attempt.call()
+    def _spawn_all(self, attempts: list[Attempt]) -> None:
+        """On the event loop: start a task for each attempt (already in a slot)."""
+        loop = self._loop
+        assert loop is not None
+        for attempt in attempts:
+            attempt.task = loop.create_task(self._run_coroutine(attempt))
 
-    def _report_future(self, attempt: Attempt, future: concurrent.futures.Future[Any]) -> None:
-        if future.cancelled():
-            following = self._report(attempt, None, asyncio.CancelledError())
+    def _cancel_task(self, attempt: Attempt) -> None:
+        """On the event loop: cancel a coroutine attempt's task. One whose task has not
+        begun is left alone: it sees its job cancelled as it begins, and ends without
+        calling the handler (a task cancelled before its first step would end without
+        a word, and its slot would never be given back)."""
+        if attempt.entered and attempt.task is not None:
+            attempt.task.cancel()
+
+    async def _run_coroutine(self, attempt: Attempt) -> None:
+        """A coroutine attempt from its slot's start to its report; then the next
+        waiting coroutine, if any, starts in the slot it leaves."""
+        attempt.entered = True
+        try:
+            if attempt.job.cancelled:
+                raise asyncio.CancelledError()
+            self._running_now(attempt)
+            result = await attempt.call()
+        except BaseException as exc:  # whatever a handler raises is its attempt's failure
+            following = self._report(attempt, None, exc)
         else:
-            error = future.exception()
-            following = self._report(attempt, None if error else future.result(), error)
+            following = self._report(attempt, result, None)
         if following is not None:
-            self._start(following)
+            self._mark_started(following)
+            self._spawn_all([following])
 
     def _report(self, attempt: Attempt, result: Any, error: BaseException | None) -> Attempt | None:
         """Report ``attempt``'s end; for one that ran in a slot, return the waiting
-        attempt the caller must start in that slot, if any."""
+        attempt of its kind the caller must start in that slot, if any."""
         following = None
         if attempt.started_at is not None:
             attempt.ran_for = time.monotonic() - attempt.started_at
-            following = self._next_in_freed_slot()
+            following = self._next_in_freed_slot(self._async if attempt.is_async else self._plain)
         try:
             self._on_finished(attempt, result, error)
         except Exception:

@@ -54,6 +54,12 @@ from pgqueue_worker.wakeup import Listener, WakeSignal
 log = logging.getLogger("pgqueue.worker")
 
 DEFAULT_CONCURRENCY = 32
+# Coroutine handlers hold no thread while they await, so they get slots of their own,
+# many more. A worker process runs at most about 10k short async jobs/s, and at most
+# slots / await time: 1,000 slots keep handlers that await up to about 0.1 s near that
+# ceiling, without one worker holding far more leases than it can use (the README's
+# design section has the measurements).
+DEFAULT_ASYNC_CONCURRENCY = 1000
 # Jobs claimed ahead of free slots, at most (see Worker._claim_limit).
 DEFAULT_PREFETCH = 512
 # Claim ahead only as many jobs as the slots are expected to start within this long,
@@ -83,8 +89,12 @@ class Worker:
     the worker claims only those tasks. Lifecycle hooks are the queue's: build it with
     ``Queue(..., hooks=LifecycleHooks(pm))`` to run plugins' hooks.
 
-    At most ``concurrency`` handlers run at once. While handlers are short, the worker
-    also claims up to ``prefetch`` jobs ahead of its free slots (see
+    At most ``concurrency`` plain (``def``) handlers run at once, each on a thread of
+    its own, and at most ``async_concurrency`` coroutine (``async def``) handlers, on
+    one event loop. Each kind is claimed for separately, only its own tasks and only
+    as many as its own slots have room for, so that a queue full of one kind never
+    keeps the other's slots idle. While handlers are short, the worker also claims up
+    to ``prefetch`` jobs of each kind ahead of its free slots (see
     :meth:`_claim_limit`); ``prefetch=0`` claims only for free slots.
 
     ``run()`` blocks until :meth:`stop` is called (from any thread, or a signal
@@ -99,6 +109,7 @@ class Worker:
         *,
         queues: Collection[str] = (DEFAULT_QUEUE,),
         concurrency: int = DEFAULT_CONCURRENCY,
+        async_concurrency: int = DEFAULT_ASYNC_CONCURRENCY,
         prefetch: int = DEFAULT_PREFETCH,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         heartbeat_seconds: float | None = None,
@@ -124,6 +135,8 @@ class Worker:
             raise ValidationError("queues", "a worker serves at least one queue")
         if concurrency < 1:
             raise ValidationError("concurrency", "must be at least 1")
+        if async_concurrency < 1:
+            raise ValidationError("async_concurrency", "must be at least 1")
         if prefetch < 0:
             raise ValidationError("prefetch", "must not be negative (0 turns it off)")
         _positive("lease_seconds", lease_seconds)
@@ -142,6 +155,7 @@ class Worker:
         if prune_interval < 0:
             raise ValidationError("prune_interval", "must not be negative (0 turns pruning off)")
         self.concurrency = concurrency
+        self.async_concurrency = async_concurrency
         self.prefetch = prefetch
         self.lease_seconds = lease_seconds
         self.heartbeat_seconds = heartbeat_seconds
@@ -166,6 +180,13 @@ class Worker:
 
         # Inspecting a handler costs more than running a no-op job.
         self._is_async = {name: h.is_async for name, h in self.handlers.items()}
+        # The kinds of slot this worker's handlers need, each claimed for on its own. In
+        # claim order: the one claimed for last moves to the end (see _write_and_claim).
+        plain = _Kind("plain", [t for t in self.tasks if not self._is_async[t]], concurrency)
+        coroutines = _Kind("async", [t for t in self.tasks if self._is_async[t]], async_concurrency)
+        self._kinds = [kind for kind in (plain, coroutines) if kind.tasks]
+        # By is_async, for the per-job bookkeeping.
+        self._kind_of = (plain, coroutines)
 
         # Handed over from other threads; everything below them is the claim loop's own.
         self._wake = WakeSignal()
@@ -179,27 +200,24 @@ class Worker:
         self._reports: queue_module.SimpleQueue[WriteReport] = queue_module.SimpleQueue()
         self._claims: queue_module.SimpleQueue[ClaimResult] = queue_module.SimpleQueue()
         self._stop_requested = False
-        self._claim_due = True  # set by notifications too: a plain flag, read each round
+        # Set by notifications: every kind is due for a claim (a plain flag, read each round).
+        self._claim_due = True
 
         self._health = DatabaseHealth(probe=lambda: why_unavailable(self.queue))
         self._backoff = Backoff()
         self._retry_at = 0.0  # during an outage, no claim before this (monotonic)
-        # Jobs asked of the claimer and not yet received (0: no claim in progress).
+        # Jobs asked of the claimer and not yet received (0: no claim in progress), and
+        # the kind they were asked for.
         self._claiming = 0
-        # The last claim found nothing to claim (burst mode ends on it).
-        self._found_nothing = False
+        self._claiming_kind: _Kind | None = None
         self._leases = LeaseSet()
         self._attempts: dict[Lease, Attempt] = {}
         # Outcomes not yet written, by lease; the unsent ones are also in _unsent until
         # the next round hands them to the writer.
         self._pending: dict[Lease, Outcome] = {}
         self._unsent: list[Outcome] = []
-        self._busy = 0
+        self._busy = 0  # of every kind (each kind counts its own too)
         self._timed = 0  # attempts in _attempts with a time limit
-        self._typical_run: float | None = None  # seconds, a running average
-        self._last_claim_at = -math.inf
-        self._next_run_at: float | None = None
-        self._recheck_delay = 0.0
         self._started = False
 
     # -- control ------------------------------------------------------------------
@@ -235,6 +253,7 @@ class Worker:
             self._handler_finished,
             self._handler_started,
             on_running=self._handler_running,
+            async_size=self.async_concurrency,
         )
         writer = OutcomeWriter(self.queue, health=self._health, on_written=self._outcomes_written)
         claimer = Claimer(
@@ -351,7 +370,7 @@ class Worker:
 
             if (
                 self.burst
-                and self._found_nothing
+                and all(kind.found_nothing for kind in self._kinds)
                 and not self._claiming
                 and self._busy == 0
                 and not self._pending
@@ -392,9 +411,11 @@ class Worker:
                 break
             attempt.returned = True
             self._busy -= 1
+            kind = self._kind_of[attempt.is_async]
+            kind.busy -= 1
             if attempt.ran_for is not None:
-                typical = self._typical_run
-                self._typical_run = (
+                typical = kind.typical_run
+                kind.typical_run = (
                     attempt.ran_for
                     if typical is None
                     else typical + RUN_TIME_WEIGHT * (attempt.ran_for - typical)
@@ -474,7 +495,8 @@ class Worker:
                 len(reaped),
                 ", ".join(f"{job.id} ({job.state.value})" for job in reaped[:20]),
             )
-        self._found_nothing = False
+        for kind in self._kinds:
+            kind.found_nothing = False
         return False
 
     def _write_and_claim(self, claimer: Claimer, writer: OutcomeWriter, now: float) -> None:
@@ -490,23 +512,38 @@ class Worker:
 
         if self._claiming or now < self._retry_at:
             return
-        limit = self._claim_limit()
-        if not self._should_claim(now, limit):
+        if self._claim_due:
+            # Taken down before the claim: a notification that arrives meanwhile sets it
+            # again, so a job committed just after the claim's snapshot is not missed.
+            self._claim_due = False
+            for kind in self._kinds:
+                kind.claim_due = True
+        kinds = self._kinds
+        for index, kind in enumerate(kinds):
+            limit = self._claim_limit(kind)
+            if not self._should_claim(now, kind, limit):
+                continue
+            kind.claim_due = False
+            kind.last_claim_at = now
+            kind.next_run_at = None
+            self._claiming = limit
+            self._claiming_kind = kind
+            if len(kinds) > 1:
+                # The other kind goes first next time: while both have jobs and room,
+                # claims take turns, and neither kind waits behind the other's.
+                kinds.append(kinds.pop(index))
+            claimer.request(limit, kind.tasks)
             return
-        # Taken down before the claim: a notification that arrives meanwhile sets it
-        # again, so a job committed just after the claim's snapshot is not missed.
-        self._claim_due = False
-        self._last_claim_at = now
-        self._next_run_at = None
-        self._claiming = limit
-        claimer.request(limit)
 
     def _take_in_claim(self, executor: Executor, claim: ClaimResult) -> None:
         """Start the jobs of a claim, and work out when to claim again."""
+        kind = self._claiming_kind
+        assert kind is not None
         self._claiming = 0
+        self._claiming_kind = None
         error = claim.error
         if error is not None:
-            self._found_nothing = False
+            kind.found_nothing = False
             if isinstance(error, DatabaseUnavailable):
                 self.counts["database_errors"] += 1
                 self._health.failed("claim loop", error)
@@ -520,30 +557,36 @@ class Worker:
         self._health.succeeded()
         jobs = claim.jobs
         # An empty claim ends a burst only when nothing runs: a running job may yet fail
-        # and be due again, so an idle burst worker looks once more (_should_claim).
-        self._found_nothing = not jobs and self._busy == 0
-        self._dispatch(executor, jobs)
+        # and be due again, or enqueue a job of either kind, so an idle burst worker
+        # looks once more for each kind (_should_claim).
+        if jobs:
+            for each in self._kinds:
+                each.found_nothing = False
+        else:
+            kind.found_nothing = self._busy == 0
+        self._dispatch(executor, kind, jobs)
         if len(jobs) == claim.limit:
-            self._claim_due = True  # there may be more
-            self._recheck_delay = 0.0
+            kind.claim_due = True  # there may be more
+            kind.recheck_delay = 0.0
             return
         seconds = claim.next_run_seconds
         if seconds is not None and seconds <= 0:
             # Runnable, yet not claimed: another transaction holds the row (another
             # worker's claim, most likely, which commits in a moment). Look again soon,
             # backing off in case a long transaction holds it.
-            self._recheck_delay = min(
-                max(2 * self._recheck_delay, RECHECK_SECONDS), self.poll_interval
+            kind.recheck_delay = min(
+                max(2 * kind.recheck_delay, RECHECK_SECONDS), self.poll_interval
             )
-            seconds = self._recheck_delay
+            seconds = kind.recheck_delay
         else:
-            self._recheck_delay = 0.0
+            kind.recheck_delay = 0.0
         if seconds is not None:
-            self._next_run_at = time.monotonic() + seconds
+            kind.next_run_at = time.monotonic() + seconds
 
-    def _claim_limit(self) -> int:
-        """How many jobs to claim now: one per free slot, and up to ``prefetch`` more,
-        as many as the slots are expected to start within PREFETCH_HORIZON_SECONDS.
+    def _claim_limit(self, kind: _Kind) -> int:
+        """How many jobs of ``kind`` to claim now: one per free slot of that kind, and
+        up to ``prefetch`` more, as many as its slots are expected to start within
+        PREFETCH_HORIZON_SECONDS.
 
         Claiming ahead is what makes short jobs cheap: every claim statement, ack
         statement and commit has a cost of its own, paid once per batch, and a batch
@@ -555,25 +598,26 @@ class Worker:
         one small claim per handler that returns.
         """
         ahead = 0
-        if self.prefetch and self._typical_run is not None:
-            expected = self.concurrency * PREFETCH_HORIZON_SECONDS / max(self._typical_run, 1e-6)
+        size = kind.size
+        if self.prefetch and kind.typical_run is not None:
+            expected = size * PREFETCH_HORIZON_SECONDS / max(kind.typical_run, 1e-6)
             ahead = min(self.prefetch, int(expected))
-        room = self.concurrency + ahead - self._busy
-        if self._busy >= self.concurrency and room < ahead // 2:
+        room = size + ahead - kind.busy
+        if kind.busy >= size and room < ahead // 2:
             return 0
         return room
 
-    def _should_claim(self, now: float, free: int) -> bool:
+    def _should_claim(self, now: float, kind: _Kind, free: int) -> bool:
         if self._stop_requested or free < 1:
             return False
-        if self._claim_due or now >= self._last_claim_at + self.poll_interval:
+        if kind.claim_due or now >= kind.last_claim_at + self.poll_interval:
             return True
-        if self._next_run_at is not None and now >= self._next_run_at:
+        if kind.next_run_at is not None and now >= kind.next_run_at:
             return True
         # In burst mode an idle worker looks once more before it concludes it is done.
         return self.burst and self._busy == 0
 
-    def _dispatch(self, executor: Executor, jobs: list[Job]) -> None:
+    def _dispatch(self, executor: Executor, kind: _Kind, jobs: list[Job]) -> None:
         attempts = []
         for job in jobs:
             handler = self.handlers[job.task]
@@ -592,8 +636,8 @@ class Worker:
         # Held before any handler runs, so that the heartbeat covers every claimed job.
         self._leases.add([attempt.lease for attempt in attempts])
         self._busy += len(attempts)
-        for attempt in attempts:
-            executor.submit(attempt)
+        kind.busy += len(attempts)
+        executor.submit_many(attempts)
 
     def _sleep_seconds(self, now: float, stop_deadline: float | None) -> float:
         """How long the claim loop may sleep before something needs it (other threads,
@@ -604,10 +648,12 @@ class Worker:
         retry_at = self._retry_at
         if stop_deadline is not None:
             wake_at.append(stop_deadline)
-        elif not self._claiming and self._claim_limit() > 0:
-            wake_at.append(max(retry_at, self._last_claim_at + self.poll_interval))
-            if self._next_run_at is not None:
-                wake_at.append(max(retry_at, self._next_run_at))
+        elif not self._claiming:
+            for kind in self._kinds:
+                if self._claim_limit(kind) > 0:
+                    wake_at.append(max(retry_at, kind.last_claim_at + self.poll_interval))
+                    if kind.next_run_at is not None:
+                        wake_at.append(max(retry_at, kind.next_run_at))
         for _, attempt in self._timed_attempts():
             # An attempt waiting for a slot has no deadline yet: its start wakes the loop.
             if attempt.deadline is not None and attempt.abandoned is None and not attempt.returned:
@@ -729,18 +775,55 @@ class Worker:
             else f"polling every {self.poll_interval:g} s"
         )
         log.info(
-            "worker %s serving queue%s %s with task%s %s: %d slots, %g s leases "
+            "worker %s serving queue%s %s with task%s %s: %s, %g s leases "
             "(heartbeat every %g s), %s",
             self.worker_id,
             "s" if len(self.queues) > 1 else "",
             ", ".join(self.queues),
             "s" if len(self.tasks) > 1 else "",
             ", ".join(self.tasks),
-            self.concurrency,
+            " and ".join(kind.describe() for kind in self._kinds),
             self.lease_seconds,
             self.heartbeat_seconds,
             wakeup,
         )
+
+
+class _Kind:
+    """The claim loop's bookkeeping for one kind of handler slot: plain functions (on
+    threads) or coroutines (on the event loop). Each kind is claimed for on its own:
+    only its tasks, as many as its slots have room for, with its own pace."""
+
+    __slots__ = (
+        "busy",
+        "claim_due",
+        "found_nothing",
+        "last_claim_at",
+        "name",
+        "next_run_at",
+        "recheck_delay",
+        "size",
+        "tasks",
+        "typical_run",
+    )
+
+    def __init__(self, name: str, tasks: list[str], size: int) -> None:
+        self.name = name
+        self.tasks = tasks
+        self.size = size
+        self.busy = 0
+        """Attempts of this kind whose handler has not returned (running or waiting)."""
+        self.typical_run: float | None = None
+        """Seconds this kind's handlers take, a running average."""
+        self.claim_due = True
+        self.last_claim_at = -math.inf
+        self.next_run_at: float | None = None
+        self.recheck_delay = 0.0
+        self.found_nothing = False
+        """The last claim of this kind found nothing (burst mode ends on it)."""
+
+    def describe(self) -> str:
+        return f"{self.size} slots for {self.name} handlers"
 
 
 def _lease(job: Job) -> Lease:
