@@ -6,6 +6,8 @@ distribution is ever left out of a check.
 
 from __future__ import annotations
 
+import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -123,6 +125,26 @@ def bench(session: nox.Session) -> None:
     session.run("pgqueue", "bench", "latency", *quick)
     run_peers(session, *quick)
     session.run("pgqueue", "bench", "plot")
+    session.notify("docs")
+
+
+def install_wrk(session: nox.Session) -> None:
+    """Debian's wrk, the HTTP load generator of `pgqueue bench enqueue`, when missing."""
+    if shutil.which("wrk"):
+        return
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        session.error("wrk is not installed: install it (Debian: apt-get install wrk) and rerun")
+    session.run("apt-get", "update", "-qq", external=True)
+    session.run("apt-get", "install", "-y", "-qq", "wrk", external=True)
+
+
+@nox.session(python=PYTHON, default=False, requires=[f"peer-{peer}" for peer in PEERS])
+def enqueue(session: nox.Session) -> None:
+    """The producer path: raw SQL, pgqueue, its API (wrk) and the peers; results/enqueue.json."""
+    install_repo(session)
+    install_wrk(session)
+    pythons = [f"--peer={peer}={PEER_PYTHONS[peer]}" for peer in PEERS]
+    session.run("pgqueue", "bench", "enqueue", *pythons, *session.posargs)
     session.notify("docs")
 
 

@@ -22,22 +22,15 @@ import argparse
 import asyncio
 import json
 import os
-import signal
-import socket
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import httpx
 
 from pgqueue_bench import database, environment, results
+from pgqueue_bench.apiserver import api_process
 
-API = str(Path(sys.executable).parent / "pgqueue-api")
 JSON = {"content-type": "application/json"}
 
 
@@ -68,43 +61,6 @@ def _percentile(ordered: list[float], percent: float) -> float:
         return float("nan")
     index = min(len(ordered) - 1, max(0, round(percent / 100 * len(ordered)) - 1))
     return ordered[index]
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@contextmanager
-def api_process(url: str, schema: str, workers: int) -> Iterator[int]:
-    """``pgqueue-api --workers N`` on a free loopback port; yields the port."""
-    port = _free_port()
-    command = [API, "--port", str(port), "--workers", str(workers), "--no-access-log"]
-    command += ["--database-url", url, "--schema", schema, "--log-level", "warning"]
-    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            if process.poll() is not None:
-                raise SystemExit(f"pgqueue-api exited: {process.stderr.read().decode()}")
-            try:
-                if httpx.get(f"{base}/healthz", timeout=5).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise SystemExit("pgqueue-api did not become healthy within 60 s")
-            time.sleep(0.1)
-        yield port
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 class HttpConnection:

@@ -16,9 +16,18 @@ Latency: W workers wait for jobs while a producer enqueues ``--latency-jobs`` at
 ``--rate`` per second, one per transaction; pickup latency is first claim minus
 enqueue, from the system's tables.
 
+Async jobs (``--sleep-ms MS``): the throughput scenario again, with every system's
+handler an ``async def`` that awaits ``asyncio.sleep`` of MS milliseconds: how many
+such jobs each system runs at once with its natural settings. pgqueue keeps its
+default flags. Throughput only; the results go to ``results/peers_async.json``.
+
 Usage (what ``nox -s peers`` runs)::
 
     python bench/peers/compare.py --peer procrastinate=PYTHON --peer pgqueuer=PYTHON
+
+and for 20 ms async jobs (``nox -s peers -- --sleep-ms 20 --workers 1``)::
+
+    python bench/peers/compare.py --peer ... --sleep-ms 20 --workers 1
 """
 
 from __future__ import annotations
@@ -41,6 +50,10 @@ from pgqueue_bench.latency import percentiles
 from pgqueue_bench.progress import LiveLine
 
 HERE = Path(__file__).resolve().parent
+# Jobs per throughput run: no-op jobs drain in a fraction of a second; sleeping ones
+# need more for the run to outlast the ramp-up of a thousand concurrent handlers.
+NOOP_JOBS = 5000
+SLEEPING_JOBS = 20000
 
 
 @dataclass(frozen=True)
@@ -102,12 +115,23 @@ def systems(pythons: dict[str, str]) -> list[System]:
 class Workers:
     """W ``work`` processes of one system, started behind a barrier."""
 
-    def __init__(self, system: System, url: str, count: int, folder: Path, *, drain: bool) -> None:
+    def __init__(
+        self,
+        system: System,
+        url: str,
+        count: int,
+        folder: Path,
+        *,
+        drain: bool,
+        sleep_ms: float = 0.0,
+    ) -> None:
         self.seen_files = [folder / f"seen-{n}.txt" for n in range(count)]
         self.processes = []
         for n, seen in enumerate(self.seen_files):
             log = (folder / f"worker-{n}.log").open("w")
             args = ["work", "--database-url", url, "--seen-file", str(seen), *system.setting_args()]
+            if sleep_ms:
+                args += ["--sleep-ms", f"{sleep_ms:g}"]
             self.processes.append(
                 subprocess.Popen(
                     system.command(*args, *(["--drain"] if drain else [])),
@@ -183,16 +207,22 @@ def verify(seen: list[int], jobs: int, report: dict[str, Any]) -> list[str]:
 
 
 def throughput_run(
-    system: System, server_url: str, jobs: int, workers: int, timeout: float
+    system: System,
+    server_url: str,
+    jobs: int,
+    workers: int,
+    timeout: float,
+    sleep_ms: float = 0.0,
 ) -> dict[str, Any]:
-    """Drain ``jobs`` pre-loaded jobs with ``workers`` processes; the rate and checks."""
+    """Drain ``jobs`` pre-loaded jobs with ``workers`` processes; the rate and checks.
+    With ``sleep_ms``, each job's handler awaits ``asyncio.sleep`` of that long."""
     with (
         database.fresh_database(server_url, f"bench_peer_{system.slug}") as url,
         tempfile.TemporaryDirectory(prefix="pgqueue-peers-") as folder,
     ):
         system.run("setup", "--database-url", url)
         system.run("enqueue", "--database-url", url, "--jobs", str(jobs))
-        fleet = Workers(system, url, workers, Path(folder), drain=True)
+        fleet = Workers(system, url, workers, Path(folder), drain=True, sleep_ms=sleep_ms)
         try:
             fleet.release()
             fleet.wait(timeout)
@@ -206,6 +236,7 @@ def throughput_run(
         "system": system.name,
         "workers": workers,
         "jobs": jobs,
+        "sleep_ms": sleep_ms,
         "seconds": seconds,
         "jobs_per_second": jobs / seconds if seconds else None,
         "verified": not problems,
@@ -297,7 +328,16 @@ def main(argv: list[str] | None = None) -> None:
         "--peer", action="append", default=[], metavar="NAME=PYTHON",
         help="The Python of a peer's virtualenv (procrastinate, pgqueuer).",
     )  # fmt: skip
-    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument(
+        "--jobs", type=int,
+        help=f"Jobs per throughput run. Default: {NOOP_JOBS}, or {SLEEPING_JOBS} with --sleep-ms.",
+    )  # fmt: skip
+    parser.add_argument(
+        "--sleep-ms", type=float, default=0.0, metavar="MS",
+        help="Async jobs: every system's handler awaits asyncio.sleep of MS milliseconds "
+        "(pgqueue's too, otherwise a plain no-op function). Throughput only, into "
+        "results/peers_async.json.",
+    )  # fmt: skip
     parser.add_argument("--workers", default="1,2,4", help="Worker process counts.")
     # A throughput run lasts a fraction of a second, so one slow or fast draw moves a
     # median of three: five make it steadier.
@@ -324,7 +364,11 @@ def main(argv: list[str] | None = None) -> None:
     if missing:
         parser.error(f"give --peer for {', '.join(sorted(missing))} (nox -s peers does)")
     worker_counts = [int(w) for w in args.workers.split(",")]
-    jobs, repeats, latency_jobs = args.jobs, args.repeats, args.latency_jobs
+    sleep_ms = args.sleep_ms
+    jobs = args.jobs or (SLEEPING_JOBS if sleep_ms else NOOP_JOBS)
+    repeats, latency_jobs = args.repeats, args.latency_jobs
+    # The async scenario measures how many sleeping jobs run at once: throughput only.
+    no_latency = args.no_latency or bool(sleep_ms)
     if args.quick:
         worker_counts, repeats, jobs, latency_jobs = [2], 1, min(jobs, 2000), min(latency_jobs, 300)
 
@@ -349,14 +393,14 @@ def main(argv: list[str] | None = None) -> None:
                         f"throughput: {system.name}, {workers} workers, run {repeat + 1}/{repeats}",
                         force=True,
                     )
-                    run = throughput_run(system, target.url, jobs, workers, args.timeout)
+                    run = throughput_run(system, target.url, jobs, workers, args.timeout, sleep_ms)
                     runs.append({"repeat": repeat + 1, **run})
                     rate = run["jobs_per_second"]
                     progress.log(
                         f"{system.name:>20} x{workers}: {rate:,.0f} jobs/s"
                         + ("" if run["verified"] else f" (not counted: {run['problems']})")
                     )
-            if args.no_latency:
+            if no_latency:
                 continue
             for system in chosen:
                 progress.update(f"latency: {system.name}, run {repeat + 1}/{repeats}", force=True)
@@ -372,8 +416,14 @@ def main(argv: list[str] | None = None) -> None:
     summary = summarize(runs, names)
     block = environment.describe(target.url, target.server)
     block["packages"].update({k: v for k, v in versions.items() if k != "settings"})
+    if sleep_ms:
+        sleep = f"asyncio.sleep({sleep_ms / 1000:g})"
+        handler, peer_handler = f"async handler awaiting {sleep}", f" awaiting {sleep}"
+    else:
+        handler, peer_handler = "sync no-op handler", ""
     parameters = {
         "jobs": jobs,
+        "sleep_ms": sleep_ms,
         "worker_counts": worker_counts,
         "repeats": repeats,
         "latency_jobs": latency_jobs,
@@ -381,20 +431,21 @@ def main(argv: list[str] | None = None) -> None:
         "rate": args.rate,
         "systems": {
             "pgqueue": "pgqueue worker --burst with its defaults and --log-level warning "
-            "(no log line per job), sync no-op handler, connected before the start barrier "
+            f"(no log line per job), {handler}, connected before the start barrier "
             "as every peer is",
-            "procrastinate": "async task, run_worker(concurrency=30), LISTEN/NOTIFY on, "
-            "PsycopgConnector (its concurrency how-to)",
-            "pgqueuer": "async entrypoint, AsyncpgDriver, durable tables, batch_size=10 "
-            "(its default and its benchmark tool's)",
+            "procrastinate": f"async task{peer_handler}, run_worker(concurrency=30), "
+            "LISTEN/NOTIFY on, PsycopgConnector (its concurrency how-to)",
+            "pgqueuer": f"async entrypoint{peer_handler} (no concurrency_limit: its default), "
+            "AsyncpgDriver, durable tables, batch_size=10 (its default and its benchmark tool's)",
             "pgqueuer batch 100": "as pgqueuer, batch_size=100 (its tuning guide: a larger "
             "batch for short jobs)",
         },
     }
+    name = "peers_async" if sleep_ms else "peers"
     document = results.document(
-        "peers", environment=block, parameters=parameters, runs=runs, summary=summary
+        name, environment=block, parameters=parameters, runs=runs, summary=summary
     )
-    path = results.write("peers", document, args.results_dir)
+    path = results.write(name, document, args.results_dir)
     print(f"wrote {path}")
     for workers, ratio in summary["pgqueue_vs_fastest_peer"].items():
         print(
@@ -402,8 +453,9 @@ def main(argv: list[str] | None = None) -> None:
             f"{ratio['fastest_peer']} {ratio['fastest_peer_jobs_per_second']:,.0f} jobs/s: "
             f"{ratio['ratio']:.2f}x"
         )
-    for image in plot.plot_peers(document, path.parent):
-        print(f"wrote {image}")
+    if not sleep_ms:  # the charts show the no-op scenario
+        for image in plot.plot_peers(document, path.parent):
+            print(f"wrote {image}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """pgqueue under the side-by-side protocol of ``peerlib``.
 
 Its default worker: ``pgqueue worker`` with no tuning flags (``--burst`` to drain) and a
-synchronous no-op handler, in this process: built and connected before the start
-barrier, as the peers are, and run once it opens.
+synchronous no-op handler (with ``--sleep-ms``, an ``async def`` one that awaits
+``asyncio.sleep``), in this process: built and connected before the start barrier, as
+the peers are, and run once it opens.
 ``--setting concurrency=N`` (or any other worker flag name) changes a default.
 """
 
@@ -42,10 +43,14 @@ def produce(url: str, jobs: int, rate: float) -> None:
     asyncio.run(run())
 
 
-def work(url: str, seen_file, drain: bool, settings: dict[str, str]) -> None:
+def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep_ms: float) -> None:
     from pgqueue_worker.cli import prepare_worker, worker
 
-    args = ["--database-url", url, "--handlers", "peerlib:PGQUEUE_HANDLERS"]
+    handlers = "peerlib:PGQUEUE_HANDLERS"
+    if sleep_ms:
+        peerlib.SLEEP_SECONDS = sleep_ms / 1000
+        handlers = "peerlib:PGQUEUE_ASYNC_HANDLERS"
+    args = ["--database-url", url, "--handlers", handlers]
     for name, value in {**DEFAULT_SETTINGS, **settings}.items():
         args += [f"--{name.replace('_', '-')}", value]
     if drain:
@@ -97,7 +102,13 @@ def main() -> None:
     elif args.command == "produce":
         produce(args.database_url, args.jobs, args.rate)
     elif args.command == "work":
-        work(args.database_url, args.seen_file, args.drain, peerlib.settings(args.setting))
+        work(
+            args.database_url,
+            args.seen_file,
+            args.drain,
+            peerlib.settings(args.setting),
+            args.sleep_ms,
+        )
     elif args.command == "report":
         peerlib.print_json(report(args.database_url, args.latencies))
 

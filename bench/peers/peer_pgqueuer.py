@@ -4,6 +4,8 @@ Throughput settings, from PgQueuer's benchmark and performance-tuning pages: the
 asyncpg driver on one connection (``AsyncpgDriver``, which its benchmark tool uses
 by default), an ``async`` entrypoint, durable (logged) tables, and ``batch_size=10``,
 its default and the benchmark tool's. ``--setting batch_size=N`` changes the batch.
+Its entrypoints run as asyncio tasks with no limit of their own (``concurrency_limit``
+left at its default), which ``--sleep-ms`` jobs show.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ async def produce(url: str, jobs: int, rate: float) -> None:
         await connection.close()
 
 
-async def work(url: str, seen_file, drain: bool, settings: dict[str, str]) -> None:
+async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep_ms: float) -> None:
     chosen = {**DEFAULT_SETTINGS, **settings}
     seen: list[int] = []
     connection = await asyncpg.connect(url)
@@ -66,6 +68,8 @@ async def work(url: str, seen_file, drain: bool, settings: dict[str, str]) -> No
 
     @pgq.entrypoint(peerlib.NOOP_TASK)
     async def noop(job: Job) -> None:
+        if sleep_ms:
+            await asyncio.sleep(sleep_ms / 1000)
         seen.append(int(job.payload))
 
     loop = asyncio.get_running_loop()
@@ -111,7 +115,13 @@ def main() -> None:
         asyncio.run(produce(args.database_url, args.jobs, args.rate))
     elif args.command == "work":
         asyncio.run(
-            work(args.database_url, args.seen_file, args.drain, peerlib.settings(args.setting))
+            work(
+                args.database_url,
+                args.seen_file,
+                args.drain,
+                peerlib.settings(args.setting),
+                args.sleep_ms,
+            )
         )
     elif args.command == "report":
         peerlib.print_json(report(args.database_url, args.latencies))

@@ -19,11 +19,13 @@ import psycopg
 DEFAULT_SETTINGS = {"concurrency": "30"}
 
 
-def make_app(url: str, seen: list[int]) -> procrastinate.App:
+def make_app(url: str, seen: list[int], sleep_ms: float = 0.0) -> procrastinate.App:
     app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url))
 
     @app.task(name=peerlib.NOOP_TASK)
     async def noop(seq: int) -> None:
+        if sleep_ms:
+            await asyncio.sleep(sleep_ms / 1000)
         seen.append(seq)
 
     return app
@@ -52,9 +54,9 @@ async def produce(url: str, jobs: int, rate: float) -> None:
             await task.defer_async(seq=seq)
 
 
-async def work(url: str, seen_file, drain: bool, settings: dict[str, str]) -> None:
+async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep_ms: float) -> None:
     seen: list[int] = []
-    app = make_app(url, seen)
+    app = make_app(url, seen, sleep_ms)
     chosen = {**DEFAULT_SETTINGS, **settings}
     async with app.open_async():
         await app.check_connection_async()
@@ -96,7 +98,13 @@ def main() -> None:
     elif args.command == "work":
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         asyncio.run(
-            work(args.database_url, args.seen_file, args.drain, peerlib.settings(args.setting))
+            work(
+                args.database_url,
+                args.seen_file,
+                args.drain,
+                peerlib.settings(args.setting),
+                args.sleep_ms,
+            )
         )
     elif args.command == "report":
         peerlib.print_json(report(args.database_url, args.latencies))

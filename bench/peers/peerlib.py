@@ -9,10 +9,12 @@ Every peer script answers the same subcommands, which ``compare.py`` drives:
     install the peer's tables into an empty database
 ``enqueue --jobs N``
     pre-load N no-op jobs whose payload is their sequence number 0..N-1
-``work --seen-file F [--drain]``
+``work --seen-file F [--drain] [--sleep-ms MS]``
     run one worker process: print ``ready`` once connected, start on a line on
     stdin, and with ``--drain`` exit when the queue is empty (else on SIGTERM);
-    at exit write the sequence numbers this process ran to F, one per line
+    at exit write the sequence numbers this process ran to F, one per line.
+    With ``--sleep-ms``, every job's handler is ``async def`` and awaits
+    ``asyncio.sleep`` of that long before it remembers its job
 ``produce --jobs N --rate R``
     enqueue N no-op jobs at R per second, one per transaction
 ``report [--latencies]``
@@ -46,6 +48,19 @@ def remember(payload: dict) -> None:
 
 
 PGQUEUE_HANDLERS = {NOOP_TASK: remember}
+
+# Seconds the async handlers sleep (set from ``work --sleep-ms`` before they run).
+SLEEP_SECONDS = 0.0
+
+
+async def sleep_then_remember(payload: dict) -> None:
+    """An async pgqueue handler that awaits ``asyncio.sleep(SLEEP_SECONDS)``, then
+    remembers which job it ran."""
+    await asyncio.sleep(SLEEP_SECONDS)
+    SEEN.append(int(payload["seq"]))
+
+
+PGQUEUE_ASYNC_HANDLERS = {NOOP_TASK: sleep_then_remember}
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
@@ -76,6 +91,12 @@ def command_line(description: str, argv: list[str] | None = None) -> argparse.Na
         if name == "work":
             command.add_argument("--seen-file", type=Path, required=True)
             command.add_argument("--drain", action="store_true")
+            command.add_argument(
+                "--sleep-ms",
+                type=float,
+                default=0.0,
+                help="Each handler awaits asyncio.sleep of this long (0: a no-op handler).",
+            )
             command.add_argument(
                 "--setting",
                 action="append",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from pgqueue_bench.crash import crash_command
+from pgqueue_bench.enqueue import enqueue_command
 from pgqueue_bench.latency import latency_command
 from pgqueue_bench.plot import plot_command
 from pgqueue_bench.report import report_command
@@ -23,5 +24,6 @@ bench.add_command(latency_command)
 bench.add_command(crash_command)
 bench.add_command(restart_command)
 bench.add_command(scale_command)
+bench.add_command(enqueue_command)
 bench.add_command(plot_command)
 bench.add_command(report_command)

@@ -18,8 +18,8 @@ _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 @cache
-def _statements() -> dict[str, str]:
-    text = resources.files("pgqueue_bench.sql").joinpath("bench.sql").read_text()
+def _statements(filename: str = "bench.sql") -> dict[str, str]:
+    text = resources.files("pgqueue_bench.sql").joinpath(filename).read_text()
     parts = _NAME_LINE.split(text)
     # parts = [header, name1, body1, name2, body2, ...]
     return {
@@ -35,10 +35,16 @@ def _without_comments(body: str) -> str:
 def statement(name: str, /, **parts: sql.Composable) -> sql.Composed:
     """The statement called ``name``, its ``{placeholders}`` filled with ``parts``
     (identifiers and literals built with :mod:`psycopg.sql`)."""
+    return statement_in("bench.sql", name, **parts)
+
+
+def statement_in(filename: str, name: str, /, **parts: sql.Composable) -> sql.Composed:
+    """The statement called ``name`` in ``sql/<filename>``, filled as :func:`statement`
+    fills one of ``bench.sql``: a driver with statements of its own keeps them apart."""
     try:
-        body = _statements()[name]
+        body = _statements(filename)[name]
     except KeyError:
-        raise KeyError(f"no statement named {name!r} in bench.sql") from None
+        raise KeyError(f"no statement named {name!r} in {filename}") from None
     return sql.SQL(body).format(**parts)
 
 

@@ -174,7 +174,9 @@ def latency_section(document: dict[str, Any]) -> list[str]:
 
 
 def peers_section(document: dict[str, Any]) -> list[str]:
-    """Jobs/s of pgqueue and its peers side by side, and pgqueue's ratio."""
+    """Jobs/s of pgqueue and its peers side by side, and pgqueue's ratio (no-op jobs, or
+    with ``sleep_ms`` async jobs that await ``asyncio.sleep``)."""
+    sleep_ms = document["parameters"].get("sleep_ms")
     throughput = [run for run in document["runs"] if run["scenario"] == "throughput"]
     grid = _grouped(throughput, "workers", "system", lambda run: run["jobs_per_second"])
     systems = list(dict.fromkeys(run["system"] for run in throughput))
@@ -190,10 +192,16 @@ def peers_section(document: dict[str, Any]) -> list[str]:
             ]
         )
     lines = [
-        "### pgqueue and its peers (jobs/s, median and min-max over runs)",
+        f"### pgqueue and its peers{f', {sleep_ms:g} ms async jobs' if sleep_ms else ''} "
+        "(jobs/s, median and min-max over runs)",
         "",
-        f"The same {document['parameters'].get('jobs')} no-op jobs, the same server, one "
-        "run; a run counts only once every job completed exactly once.",
+        f"The same {document['parameters'].get('jobs')} "
+        + (
+            f"jobs whose handler, in every system, awaits `asyncio.sleep({sleep_ms / 1000:g})`"
+            if sleep_ms
+            else "no-op jobs"
+        )
+        + ", the same server, one run; a run counts only once every job completed exactly once.",
         "",
         *_table(["workers", *systems, "pgqueue / fastest peer"], rows),
         "",
@@ -213,6 +221,88 @@ def peers_section(document: dict[str, Any]) -> list[str]:
             ),
         ]
     return [*lines, ""]
+
+
+def _verdict(holds: bool | None) -> str:
+    return {True: "yes", False: "**no**", None: "not measured"}[holds]
+
+
+def enqueue_section(document: dict[str, Any]) -> list[str]:
+    """Jobs/s per enqueue case (HTTP also requests/s and latency), then the ratios and
+    bounds the producer path is held to, then what was not measured and why."""
+    params = document["parameters"]
+    labels = params.get("cases", {})
+    counted = [run for run in document["runs"] if run.get("verified")]
+
+    def figures(case: str, figure: str, digits: int = 0) -> str:
+        return _median_range([run[figure] for run in counted if run["case"] == case], digits)
+
+    rows = []
+    for case in labels:
+        if not any(run["case"] == case for run in document["runs"]):
+            continue
+        http = any("requests_per_second" in run for run in counted if run["case"] == case)
+        rows.append(
+            [
+                f"`{case}`",
+                labels[case],
+                figures(case, "jobs_per_second"),
+                figures(case, "requests_per_second") if http else "-",
+                figures(case, "latency_p50_ms", 1) if http else "-",
+                figures(case, "latency_p99_ms", 1) if http else "-",
+            ]
+        )
+    summary = document["summary"]
+    checks = [
+        [
+            f"`{r['numerator']}` / `{r['denominator']}`",
+            "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
+            f"at least {r['at_least']:g}x",
+            _verdict(r["holds"]),
+        ]
+        for r in summary.get("ratios", [])
+    ]
+    checks += [
+        [
+            f"`{b['case']}` {b['figure'].replace('_', ' ')}",
+            _number(b["median"], 1 if b["figure"].endswith("_ms") else 0),
+            f"{'at least' if b['kind'] == 'min' else 'at most'} {b['bound']:,g}",
+            _verdict(b["holds"]),
+        ]
+        for b in summary.get("bounds", [])
+    ]
+    repeats = params.get("repeats")
+    loads = [run["load_average_1m"] for run in document["runs"] if "load_average_1m" in run]
+    load = (
+        f" The machine's 1-minute load average at the runs' ends: {min(loads):g}-{max(loads):g}."
+        if loads
+        else ""
+    )
+    lines = [
+        "### Enqueue: the producer path (median and min-max over runs)",
+        "",
+        f"Every case on the same server in one run, {repeats} run{'s' if repeats != 1 else ''} each, "
+        f"{params.get('seconds'):g} s per run after a {params.get('warmup'):g} s warm-up, "
+        "on a fresh schema (the peers: a fresh database). Raw SQL writes into a table "
+        "created `LIKE` the jobs table (same columns, defaults, constraints and indexes, "
+        "no triggers). Rates are jobs per second of the client's wall clock; a run counts "
+        "only if the table then holds every job it counted. HTTP load comes from `wrk` "
+        f"on the same machine; latency is per request.{load}",
+        "",
+        *_table(["case", "what", "jobs/s", "requests/s", "p50 ms", "p99 ms"], rows),
+        "",
+        *_table(["comparison (medians)", "value", "target", "holds"], checks),
+        "",
+    ]
+    skipped = summary.get("skipped", {})
+    if skipped:
+        lines += [
+            "Not measured: "
+            + "; ".join(f"{labels.get(case, case)}: {reason}" for case, reason in skipped.items())
+            + ".",
+            "",
+        ]
+    return lines
 
 
 CRASH_COLUMNS = (
@@ -445,6 +535,8 @@ SECTIONS = {
     "throughput": throughput_section,
     "latency": latency_section,
     "peers": peers_section,
+    "peers_async": peers_section,
+    "enqueue": enqueue_section,
     "crash": crash_section,
     "restart": restart_section,
     "faults": faults_section,

@@ -1,0 +1,75 @@
+"""A real ``pgqueue-api`` process on a loopback port, for the drivers that load the API.
+
+The process is the one users run (``pgqueue-api --workers N``), started against one
+run's schema; requests reach it over TCP like anyone else's.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from pgqueue_bench.servers import LOOPBACK, free_port
+
+API = str(Path(sys.executable).parent / "pgqueue-api")
+START_TIMEOUT = 60.0
+STOP_TIMEOUT = 30.0
+
+
+class ApiProcessError(RuntimeError):
+    """``pgqueue-api`` exited or never became healthy; the message carries its output."""
+
+
+def _healthy(base: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{base}/healthz", timeout=5) as answer:
+            return answer.status == 200
+    except (urllib.error.URLError, OSError):  # refused while starting, or 503
+        return False
+
+
+@contextmanager
+def api_process(url: str, schema: str, workers: int) -> Iterator[int]:
+    """``pgqueue-api --workers N`` against ``schema`` on a free loopback port; yields the
+    port once ``/healthz`` answers 200. On the way out the process gets SIGTERM, which
+    lets the requests in flight finish, so what it acknowledged is committed by then."""
+    port = free_port()
+    command = [API, "--host", LOOPBACK, "--port", str(port), "--workers", str(workers)]
+    command += ["--no-access-log", "--database-url", url, "--schema", schema]
+    command += ["--log-level", "warning"]
+    # Its output goes to a file, not a pipe nobody reads while it runs: a full pipe
+    # would stall the server.
+    with tempfile.TemporaryFile() as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+
+        def said() -> str:
+            output.seek(0)
+            return output.read().decode(errors="replace")[-3000:]
+
+        base = f"http://{LOOPBACK}:{port}"
+        try:
+            deadline = time.monotonic() + START_TIMEOUT
+            while not _healthy(base):
+                if process.poll() is not None:
+                    raise ApiProcessError(f"pgqueue-api exited {process.returncode}:\n{said()}")
+                if time.monotonic() > deadline:
+                    raise ApiProcessError(
+                        f"pgqueue-api was not healthy within {START_TIMEOUT:.0f} s:\n{said()}"
+                    )
+                time.sleep(0.1)
+            yield port
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
