@@ -253,8 +253,6 @@ def test_a_notification_carries_the_queue_name_and_never_the_payload(
         Queue.connect(url, schema=SCHEMA) as queue,
     ):
         queue.listen(listener)
-        # A worker waits on both queues (its claim came back short): enqueues notify.
-        queue.claim(["default", "other"], ["fault_work"], 1, waiter="worker/plain")
         queue.enqueue("fault_work", {"blob": secret})
         queue.enqueue_many(work_jobs(500, "bulk"))
         queue.enqueue("fault_work", {"blob": secret}, queue="other")

@@ -118,8 +118,6 @@ def test_transactional_enqueue_follows_the_callers_transaction(
 
 
 def test_enqueue_notifies_listeners_with_the_queue_name_only(queue, database_url, schema):
-    # A worker waits on the queue (its claim came back short), so enqueues notify it.
-    queue.claim(["emails"], ["echo"], 1, waiter="worker/plain")
     with psycopg.connect(database_url, autocommit=True) as listener:
         listener.execute(f"LISTEN {schema}_jobs")
         queue.enqueue("echo", {"secret": "not in the notification"}, queue="emails")

@@ -51,8 +51,6 @@ log = logging.getLogger("pgqueue.queue")
 
 CLAIM_MODES = tuple(queries.CLAIM_LOCKS)
 DEFAULT_POOL_TIMEOUT = 5.0
-DEFAULT_WAITING_SECONDS = 30.0
-"""How long a short claim's waiting record lasts unless a later claim renews it."""
 
 # Connection defaults: fail fast when the server is unreachable, and notice a dead
 # peer within about half a minute: TCP keepalives for an idle connection (instead of
@@ -527,28 +525,17 @@ class Queue:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         worker_id: str | None = None,
         mode: str = "skip-locked",
-        waiter: str | None = None,
-        waiting_seconds: float = DEFAULT_WAITING_SECONDS,
     ) -> list[Job]:
         """Claim up to ``limit`` runnable jobs of ``tasks`` in ``queues``, in one statement.
 
         Jobs come in claim order (priority DESC, run_at, id), each with a fresh
         ``lease_token`` valid for ``lease_seconds`` until a heartbeat extends it.
 
-        New jobs notify only the queues that a worker waits on. Pass a ``waiter`` (a
-        name of your own, for one claiming loop that LISTENs) to say so: a claim that
-        comes back short records that the waiter waits on ``queues`` for
-        ``waiting_seconds`` (renewed by each later short claim, so claim at least that
-        often while idle); one that comes back full takes the record back. Take it back
-        when you stop with :meth:`forget_waiters`. Without one, the claim records nothing.
-
         Runs no hook: ``on_start`` belongs to whoever runs the handler, when it starts
         (the Worker does; a loop of your own may call
         ``queue.hooks.call("on_start", job=job)``).
         """
-        params = _claim_params(
-            queues, tasks, limit, lease_seconds, worker_id, mode, waiter, waiting_seconds
-        )
+        params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode)
         if params is None:
             return []
         with self._connection() as conn:
@@ -560,12 +547,6 @@ class Queue:
                 _send_commit(conn)
             claimed = claim()
         return self._refuse_undecodable(claimed)
-
-    def forget_waiters(self, waiters: Collection[str]) -> None:
-        """Take back the waiting records of ``waiters`` (see :meth:`claim`): a worker
-        that stops calls it, so that producers stop notifying on its behalf."""
-        if waiters:
-            self._rows("waiting_workers_forget", {"waiters": list(waiters)})
 
     def next_run_in(self, queues: Collection[str], tasks: Collection[str]) -> float | None:
         """Seconds until the earliest queued job of ``tasks`` in ``queues`` becomes
@@ -640,8 +621,6 @@ class Queue:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         worker_id: str | None = None,
         mode: str = "skip-locked",
-        waiter: str | None = None,
-        waiting_seconds: float = DEFAULT_WAITING_SECONDS,
     ) -> tuple[AckBatch, list[Job]]:
         """``ack_many(outcomes)`` and ``claim(queues, tasks, limit, ...)`` in one
         transaction, sent to the server in one pipeline: a busy worker pays one commit
@@ -651,9 +630,7 @@ class Queue:
         commit; the claimed ones get no hook here (see :meth:`claim`).
         """
         storable, unstorable = _split_storable(outcomes, self.max_result_bytes)
-        params = _claim_params(
-            queues, tasks, limit, lease_seconds, worker_id, mode, waiter, waiting_seconds
-        )
+        params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode)
         written: _AckWritten | None = None
         claimed: list[Job] = []
         if storable or params is not None:
@@ -794,8 +771,6 @@ class Queue:
                 {"limit": limit, "base": self.retry_base, "cap": self.retry_cap},
             )
             reaped = [Job.from_row(row) for row in cur.fetchall()]
-            # Dead workers' waiting records, under the same lock: one process at a time.
-            cur.execute(self._sql("waiting_workers_expire"))
         for job in reaped:
             self._notify_failed(job, job.last_error or "lease expired")
         return reaped
@@ -1034,8 +1009,6 @@ def _claim_params(
     lease_seconds: float,
     worker_id: str | None,
     mode: str,
-    waiter: str | None = None,
-    waiting_seconds: float = DEFAULT_WAITING_SECONDS,
 ) -> dict[str, Any] | None:
     """Checked parameters of ``job_claim``, or None when there is nothing to claim."""
     if mode not in CLAIM_MODES:
@@ -1043,15 +1016,12 @@ def _claim_params(
     if limit < 1 or not tasks or not queues:
         return None
     validation.seconds("lease_seconds", lease_seconds, positive=True)
-    validation.seconds("waiting_seconds", waiting_seconds, positive=True)
     return {
         "queues": list(queues),
         "tasks": list(tasks),
         "limit": limit,
         "lease_seconds": lease_seconds,
         "worker_id": worker_id or default_worker_id(),
-        "waiter": waiter,
-        "waiting_seconds": waiting_seconds,
     }
 
 

@@ -18,7 +18,6 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from pgqueue import Job, Queue
-from pgqueue.queue import DEFAULT_WAITING_SECONDS
 from pgqueue_worker.service import HandOffService
 
 log = logging.getLogger("pgqueue.worker")
@@ -55,7 +54,6 @@ class Claimer(HandOffService):
         worker_id: str,
         mode: str,
         on_claimed: Callable[[ClaimResult], None],
-        waiting_seconds: float = DEFAULT_WAITING_SECONDS,
     ) -> None:
         super().__init__()
         self.queue = queue
@@ -65,20 +63,16 @@ class Claimer(HandOffService):
         self.worker_id = worker_id
         self.mode = mode
         self.on_claimed = on_claimed
-        self.waiting_seconds = waiting_seconds
-        self._requested: tuple[int, list[str], str | None] | None = None
+        self._requested: tuple[int, list[str]] | None = None
 
-    def request(
-        self, limit: int, tasks: Collection[str] | None = None, waiter: str | None = None
-    ) -> None:
+    def request(self, limit: int, tasks: Collection[str] | None = None) -> None:
         """Claim up to ``limit`` jobs of ``tasks`` (default: every task the claimer
-        serves); the result goes to ``on_claimed``. With a ``waiter``, a short claim
-        records that it waits for new jobs (see ``Queue.claim``). Only one claim may
-        be asked for at a time: ask again after its result arrived."""
+        serves); the result goes to ``on_claimed``. Only one claim may be asked for at
+        a time: ask again after its result arrived."""
         with self._changed:
             if self._requested is not None:
                 raise RuntimeError("a claim is already in progress")
-            self._requested = (limit, self.tasks if tasks is None else list(tasks), waiter)
+            self._requested = (limit, self.tasks if tasks is None else list(tasks))
             self._changed.notify()
 
     def _run(self) -> None:
@@ -88,13 +82,13 @@ class Claimer(HandOffService):
                     self._changed.wait()
                 if self._requested is None:
                     return
-                limit, tasks, waiter = self._requested
-            result = self._claim(limit, tasks, waiter)
+                limit, tasks = self._requested
+            result = self._claim(limit, tasks)
             with self._changed:
                 self._requested = None
             self.on_claimed(result)
 
-    def _claim(self, limit: int, tasks: list[str], waiter: str | None) -> ClaimResult:
+    def _claim(self, limit: int, tasks: list[str]) -> ClaimResult:
         try:
             jobs = self.queue.claim(
                 self.queues,
@@ -103,8 +97,6 @@ class Claimer(HandOffService):
                 lease_seconds=self.lease_seconds,
                 worker_id=self.worker_id,
                 mode=self.mode,
-                waiter=waiter,
-                waiting_seconds=self.waiting_seconds,
             )
         except Exception as exc:  # the claim loop decides what each failure means
             return ClaimResult(limit, [], error=exc)

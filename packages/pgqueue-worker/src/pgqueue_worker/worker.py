@@ -80,9 +80,6 @@ RECHECK_SECONDS = 0.01
 BURST_REAP_RECHECK_SECONDS = 0.1
 # How long the helper threads get to finish their current round when the worker stops.
 HELPER_STOP_SECONDS = 5.0
-# Added to three poll intervals for how long an idle claim's waiting record lasts: room
-# for a claim that is late (a slow database) before producers stop notifying.
-WAITING_MARGIN_SECONDS = 10.0
 
 
 class Worker:
@@ -267,9 +264,6 @@ class Worker:
             worker_id=self.worker_id,
             mode=self.claim_mode,
             on_claimed=self._claimed,
-            # Idle claims renew the record at least every poll interval; a worker that
-            # died stops drawing notifications a few intervals later.
-            waiting_seconds=3 * self.poll_interval + WAITING_MARGIN_SECONDS,
         )
         # The heartbeat's statements too: a stuck one is cut off while a retry can
         # still extend the leases before they expire.
@@ -330,24 +324,8 @@ class Worker:
                 helper.stop(timeout=0)
             for helper in helpers:
                 helper.stop(HELPER_STOP_SECONDS)
-            self._forget_waiters()
             executor.shutdown()
             heartbeat_queue.pool.close(timeout=HELPER_STOP_SECONDS)
-
-    def _waiter(self, kind: _Kind) -> str | None:
-        """The name under which ``kind``'s short claims record that it waits for new
-        jobs, so that producers notify its queues; None without LISTEN, where nobody
-        would hear the notifications."""
-        return f"{self.worker_id}/{kind.name}" if self.listen else None
-
-    def _forget_waiters(self) -> None:
-        """Take back this worker's waiting records as it stops (a worker that dies
-        leaves them to expire)."""
-        waiters = [w for w in (self._waiter(kind) for kind in self._kinds) if w is not None]
-        try:
-            self.queue.forget_waiters(waiters)
-        except DatabaseUnavailable as exc:
-            log.debug("could not take back the waiting records: %s", exc)
 
     # -- the claim loop -------------------------------------------------------------
 
@@ -554,7 +532,7 @@ class Worker:
                 # The other kind goes first next time: while both have jobs and room,
                 # claims take turns, and neither kind waits behind the other's.
                 kinds.append(kinds.pop(index))
-            claimer.request(limit, kind.tasks, self._waiter(kind))
+            claimer.request(limit, kind.tasks)
             return
 
     def _take_in_claim(self, executor: Executor, claim: ClaimResult) -> None:

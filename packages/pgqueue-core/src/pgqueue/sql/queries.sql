@@ -67,10 +67,6 @@ DELETE FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]);
 -- use the index order, and would sort every queued row). With several queues each
 -- scan locks up to %(limit)s rows and the best %(limit)s overall are claimed; the
 -- others stay queued and are unlocked at commit.
--- With a %(waiter)s, the same statement records whether that waiter now waits for new
--- jobs on its queues (migration 0007): a claim that came back short records it, until
--- %(waiting_seconds)s from now unless a later claim renews it; one that came back full
--- takes the records back. Producers notify a queue only while such a record exists.
 WITH claimable AS (
     SELECT candidate.id
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
@@ -86,52 +82,30 @@ WITH claimable AS (
     ) AS candidate
     ORDER BY candidate.priority DESC, candidate.run_at, candidate.id
     LIMIT %(limit)s
-),
-claimed AS (
-    UPDATE {schema}.jobs AS job
-    SET state = 'running',
-        -- Saturating: a row written around pgqueue with attempts at the integer limit
-        -- still runs (and goes dead if it fails) instead of failing every claim of its
-        -- queue with "integer out of range".
-        attempts = least(job.attempts, 2147483646) + 1,
-        lease_token = gen_random_uuid(),
-        lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
-        worker_id = %(worker_id)s,
-        started_at = now()
-    -- By primary key, one row at a time: a join to the claimed ids lets the planner hash
-    -- them and scan the whole table, which grows with the history the table holds.
-    WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
-    -- Every column that differs between the claimed rows, in the order of pgqueue.Job's
-    -- fields, the payload as text: the worker loads a whole claim's payloads with one JSON
-    -- parse, instead of one per row through the driver. The columns this statement sets
-    -- alike for every row (state, worker_id, started_at, lease_expires_at) come once, from
-    -- job_claim_times in the same transaction: a claim returns hundreds of rows, and each
-    -- timestamp costs the server and the client a conversion per row.
-    RETURNING job.id, job.queue, job.task, job.payload::text AS payload, job.priority,
-              job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
-              job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.errors,
-              job.result, job.idempotency_key
-),
-waiting AS (
-    INSERT INTO {schema}.waiting_workers (queue, waiter, expires_at)
-    SELECT wanted.queue, %(waiter)s, now() + make_interval(secs => %(waiting_seconds)s)
-    FROM unnest(%(queues)s::text[]) AS wanted (queue)
-    WHERE %(waiter)s::text IS NOT NULL AND (SELECT count(*) FROM claimed) < %(limit)s
-    ON CONFLICT (queue, waiter) DO UPDATE SET expires_at = excluded.expires_at
-),
-working AS (
-    DELETE FROM {schema}.waiting_workers
-    WHERE waiter = %(waiter)s::text AND (SELECT count(*) FROM claimed) >= %(limit)s
 )
-SELECT * FROM claimed;
-
--- name: waiting_workers_forget
--- A worker that stops takes back its waiters' records: producers stop notifying for it.
-DELETE FROM {schema}.waiting_workers WHERE waiter = ANY(%(waiters)s::text[]);
-
--- name: waiting_workers_expire
--- Records of workers that stopped renewing them (they died): run with the reaper.
-DELETE FROM {schema}.waiting_workers WHERE expires_at < now();
+UPDATE {schema}.jobs AS job
+SET state = 'running',
+    -- Saturating: a row written around pgqueue with attempts at the integer limit
+    -- still runs (and goes dead if it fails) instead of failing every claim of its
+    -- queue with "integer out of range".
+    attempts = least(job.attempts, 2147483646) + 1,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    worker_id = %(worker_id)s,
+    started_at = now()
+-- By primary key, one row at a time: a join to the claimed ids lets the planner hash
+-- them and scan the whole table, which grows with the history the table holds.
+WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
+-- Every column that differs between the claimed rows, in the order of pgqueue.Job's
+-- fields, the payload as text: the worker loads a whole claim's payloads with one JSON
+-- parse, instead of one per row through the driver. The columns this statement sets
+-- alike for every row (state, worker_id, started_at, lease_expires_at) come once, from
+-- job_claim_times in the same transaction: a claim returns hundreds of rows, and each
+-- timestamp costs the server and the client a conversion per row.
+RETURNING job.id, job.queue, job.task, job.payload::text AS payload, job.priority,
+          job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
+          job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.errors,
+          job.result, job.idempotency_key;
 
 -- name: job_claim_times
 -- started_at and lease_expires_at as job_claim set them, run in its transaction after
