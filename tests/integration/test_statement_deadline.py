@@ -25,10 +25,9 @@ def test_an_overrunning_statement_is_cut_off_and_its_session_ends(
     database_url: str, db: psycopg.Connection
 ) -> None:
     conn = psycopg.connect(database_url, application_name="deadline-overrun")
-    started = time.monotonic()
     with pytest.raises(DeadlineExceeded) as raised, WATCHDOG.watch(conn, 0.5, "a long sleep"):
         conn.execute("SELECT pg_sleep(60)")
-    assert time.monotonic() - started < 30
+    # pg_sleep(60) raises nothing by itself: the error is the cut-off's.
     assert str(raised.value).startswith("a long sleep took longer than 0.5 s")
     with pytest.raises(psycopg.OperationalError):
         conn.execute("SELECT 1")  # its socket is gone
