@@ -83,7 +83,8 @@ def test_after_its_connections_are_cut_the_api_answers_one_503_not_one_per_conne
     start_api, database_url: str
 ):
     # What a server restart leaves behind: a pool full of connections that look fine
-    # until used. Here the server ends the pool's four sessions itself.
+    # until used. Here the server ends the pool's four sessions itself, waiting until each
+    # has gone: a session only signalled could still pass the pool's check.
     api = start_api(pool_size=4)
     pool = api.app.state.queue.pool
     pool.resize(min_size=4, max_size=4)
@@ -91,7 +92,7 @@ def test_after_its_connections_are_cut_the_api_answers_one_503_not_one_per_conne
     assert api.client.get("/queues").status_code == 200
     with psycopg.connect(database_url, autocommit=True) as admin:
         ended = admin.execute(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity"
             " WHERE datname = current_database() AND pid <> pg_backend_pid()"
             " AND backend_type = 'client backend'"
         ).fetchone()[0]
