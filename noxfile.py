@@ -153,3 +153,20 @@ def docs(session: nox.Session) -> None:
     """Regenerate the README's results tables from results/*.json."""
     install_repo(session)
     session.run("pgqueue", "bench", "report", "--readme", "README.md")
+
+
+@nox.session(python=PYTHON, default=False)
+def build(session: nox.Session) -> None:
+    """Wheels and sdists of every distribution into dist/, checked with twine."""
+    session.install("uv", "twine")
+    dist = Path("dist")
+    # Only this build's files, so that twine checks exactly what would be uploaded.
+    shutil.rmtree(dist, ignore_errors=True)
+    # Every folder under packages/ and plugins/ with a pyproject.toml is a distribution.
+    folders = sorted(p.parent for p in Path().glob("p*/*/pyproject.toml"))
+    for folder in folders:
+        # uv builds the sdist first and the wheel from it, so a file missing from the
+        # sdist fails here rather than for whoever installs it.
+        session.run("uv", "build", "--quiet", "--out-dir", str(dist), str(folder))
+    built = sorted(str(path) for pattern in ("*.whl", "*.tar.gz") for path in dist.glob(pattern))
+    session.run("twine", "check", "--strict", *built)

@@ -69,7 +69,7 @@ def test_get_job_shows_the_error_history_and_no_last_error_after_success(
     (claimed,) = queue.claim(["default"], ["t"], worker_id="w1")
     queue.fail(claimed, "first try broke")
     assert api.get(f"/jobs/{job_id}").json()["last_error"] == "first try broke"
-    db.execute(sql.SQL("UPDATE {}.jobs SET run_at = now()").format(sql.Identifier(schema)))
+    db.execute(sql.SQL("UPDATE {}.active_jobs SET run_at = now()").format(sql.Identifier(schema)))
     (claimed,) = queue.claim(["default"], ["t"], worker_id="w2")
     queue.ack(claimed, "done")
 
@@ -88,7 +88,9 @@ def test_metrics_show_unserved_jobs_per_queue_and_task(
     long_ago = datetime.now(UTC) - timedelta(hours=1)
     for _ in range(2):
         queue.enqueue("sendmial", queue="mail", run_at=long_ago)
-    db.execute(sql.SQL("UPDATE {}.jobs SET enqueued_at = run_at").format(sql.Identifier(schema)))
+    db.execute(
+        sql.SQL("UPDATE {}.active_jobs SET enqueued_at = run_at").format(sql.Identifier(schema))
+    )
     samples = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(api.get("/metrics").text)

@@ -102,7 +102,7 @@ def test_valid_surrogate_pairs_are_fine_in_payloads(api: httpx.Client, db, modul
     response = api.post("/jobs", content=raw, headers=JSON)
     assert response.status_code == 201
     assert response.json()["payload"] == {"smile": "\U0001f600"}
-    db.execute(sql.SQL("DELETE FROM {}.jobs").format(sql.Identifier(module_schema)))
+    db.execute(sql.SQL("DELETE FROM {}.active_jobs").format(sql.Identifier(module_schema)))
 
 
 def test_body_that_is_not_a_json_object_is_422(api: httpx.Client):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -59,16 +58,6 @@ def test_metrics_match_known_job_counts(api: httpx.Client, queue: Queue):
     assert _per_queue(samples, "pgqueue_job_failures_total", "mail") == 1
     assert _per_queue(samples, "pgqueue_jobs_completed_total", "reports") == 0
     assert _per_queue(samples, "pgqueue_job_failures_total", "reports") == 1
-    histogram = "pgqueue_enqueue_to_start_seconds"
-    assert _per_queue(samples, f"{histogram}_count", "mail") == 3
-    assert _per_queue(samples, f"{histogram}_bucket", "mail", le="+Inf") == 3
-    assert _per_queue(samples, f"{histogram}_count", "reports") == 1
-    buckets = sorted(
-        (float(dict(labels)["le"]), value)
-        for (name, labels), value in samples.items()
-        if name == f"{histogram}_bucket" and dict(labels)["queue"] == "mail"
-    )
-    assert [count for _, count in buckets] == sorted(count for _, count in buckets)
 
 
 def test_counters_survive_pruning_while_gauges_drop(api: httpx.Client, queue: Queue):
@@ -84,21 +73,6 @@ def test_counters_survive_pruning_while_gauges_drop(api: httpx.Client, queue: Qu
     assert _jobs(samples, "default", "queued") == 1
     assert _per_queue(samples, "pgqueue_jobs_completed_total", "default") == 1
     assert _per_queue(samples, "pgqueue_job_failures_total", "default") == 1
-    assert _per_queue(samples, "pgqueue_enqueue_to_start_seconds_count", "default") == 2
-
-
-def test_start_latency_counts_from_enqueue_when_run_at_was_already_past(
-    api: httpx.Client, queue: Queue
-):
-    an_hour_ago = (datetime.now(UTC) - timedelta(hours=1)).isoformat()
-    api.post("/jobs", json={"task": "echo", "run_at": an_hour_ago})
-    queue.claim(["default"], ["echo"])
-    samples = _scrape(api)
-    # Measured from run_at it would be an hour or more; from enqueue it is far less.
-    assert _per_queue(samples, "pgqueue_enqueue_to_start_seconds_sum", "default") < 3600
-    assert (
-        _per_queue(samples, "pgqueue_enqueue_to_start_seconds_bucket", "default", le="3600.0") == 1
-    )
 
 
 def test_gauges_stay_exact_under_concurrent_enqueue_claim_ack_and_fail(

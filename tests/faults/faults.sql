@@ -22,6 +22,8 @@ CREATE TABLE {schema}.fault_transitions (
     at          timestamptz NOT NULL DEFAULT clock_timestamp()
 ) TABLESPACE pg_default;
 
+-- Within active_jobs: claims (queued -> running), failed attempts and reaps that come
+-- back (running -> queued).
 CREATE FUNCTION {schema}.fault_record_update() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
@@ -36,21 +38,35 @@ END;
 $$;
 
 CREATE TRIGGER fault_audit_update
-    AFTER UPDATE ON {schema}.jobs
+    AFTER UPDATE ON {schema}.active_jobs
     REFERENCING OLD TABLE AS audit_before NEW TABLE AS audit_after
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.fault_record_update();
 
+-- A job leaving one table: finished (into finished_jobs, in the same statement), retried
+-- (back into active_jobs), or deleted for good (pruned, or an enqueue taken back). An
+-- after-statement trigger sees what the whole statement wrote, so where the job went is
+-- known here.
 CREATE FUNCTION {schema}.fault_record_delete() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO {schema}.fault_transitions (job_id, from_state, to_state, attempts)
-    SELECT id, state::text, 'pruned', attempts FROM audit_deleted;
+    INSERT INTO {schema}.fault_transitions
+        (job_id, from_state, to_state, lease_token, attempts, run_at)
+    SELECT gone.id, gone.state::text, coalesce(now_in.state::text, 'pruned'),
+           gone.lease_token, coalesce(now_in.attempts, gone.attempts),
+           coalesce(now_in.run_at, gone.run_at)
+    FROM audit_deleted AS gone
+    LEFT JOIN {schema}.jobs AS now_in ON now_in.id = gone.id;
     RETURN NULL;
 END;
 $$;
 
-CREATE TRIGGER fault_audit_delete
-    AFTER DELETE ON {schema}.jobs
+CREATE TRIGGER fault_audit_active_delete
+    AFTER DELETE ON {schema}.active_jobs
+    REFERENCING OLD TABLE AS audit_deleted
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.fault_record_delete();
+
+CREATE TRIGGER fault_audit_finished_delete
+    AFTER DELETE ON {schema}.finished_jobs
     REFERENCING OLD TABLE AS audit_deleted
     FOR EACH STATEMENT EXECUTE FUNCTION {schema}.fault_record_delete();
 
@@ -92,11 +108,11 @@ SELECT count(*) AS found FROM {schema}.jobs
 WHERE idempotency_key = ANY(%(keys)s::text[]);
 
 -- name: jobs_lock_table
-LOCK TABLE {schema}.jobs IN ACCESS EXCLUSIVE MODE;
+LOCK TABLE {schema}.active_jobs IN ACCESS EXCLUSIVE MODE;
 
 -- name: jobs_lock_rows
 -- Holds these jobs' rows until the session's transaction ends.
-SELECT id FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE;
+SELECT id FROM {schema}.active_jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id FOR UPDATE;
 
 -- name: sessions_waiting_on_locks
 SELECT count(*) AS waiting FROM pg_stat_activity
@@ -104,18 +120,18 @@ WHERE datname = current_database() AND wait_event_type = 'Lock';
 
 -- name: jobs_restart_ids
 -- The next job id: past 2^31, where a 32-bit integer anywhere in the path would break.
-ALTER TABLE {schema}.jobs ALTER COLUMN id RESTART WITH 3000000000;
+ALTER SEQUENCE {schema}.job_ids RESTART WITH 3000000000;
 
 -- name: job_insert_raw
 -- A row written around pgqueue's validation (another client, a hand-made fix, an old
 -- version): any jsonb at all as its payload, any attempt counts.
-INSERT INTO {schema}.jobs (queue, task, payload, attempts, max_attempts)
+INSERT INTO {schema}.active_jobs (queue, task, payload, attempts, max_attempts)
 VALUES ('default', %(task)s, %(payload)s::jsonb, %(attempts)s, %(max_attempts)s)
 RETURNING id;
 
 -- name: job_insert_raw_expired
 -- The same, as a running job whose worker vanished: its lease expired a second ago.
-INSERT INTO {schema}.jobs
+INSERT INTO {schema}.active_jobs
     (queue, task, payload, state, attempts, max_attempts, lease_token, lease_expires_at,
      worker_id, started_at)
 VALUES ('default', %(task)s, %(payload)s::jsonb, 'running', %(attempts)s, %(max_attempts)s,
@@ -124,7 +140,7 @@ RETURNING id;
 
 -- name: job_expire_lease
 -- Moves a running job's lease into the past, as if its worker had stalled that long.
-UPDATE {schema}.jobs SET lease_expires_at = now() - interval '1 second'
+UPDATE {schema}.active_jobs SET lease_expires_at = now() - interval '1 second'
 WHERE id = ANY(%(ids)s::bigint[]) AND state = 'running';
 
 -- name: listening_backends

@@ -114,7 +114,7 @@ def test_rows_that_never_arrived_void_the_run(database_url: str) -> None:
     ]
 
 
-def test_the_plain_table_has_the_jobs_tables_columns_and_indexes_but_no_triggers(
+def test_the_plain_table_has_the_active_jobs_columns_and_indexes_but_no_triggers(
     database_url: str,
 ) -> None:
     with enqueue.plain_table(database_url) as schema, psycopg.connect(database_url) as conn:
@@ -136,7 +136,7 @@ def test_the_plain_table_has_the_jobs_tables_columns_and_indexes_but_no_triggers
             ).fetchone()[0]
             return columns, indexes, triggers
 
-        jobs_columns, jobs_indexes, _ = shape("jobs")
+        jobs_columns, jobs_indexes, _ = shape("active_jobs")
         plain_columns, plain_indexes, plain_triggers = shape("plain_jobs")
 
     assert plain_columns == jobs_columns

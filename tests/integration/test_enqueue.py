@@ -87,7 +87,7 @@ def test_enqueue_many_is_all_or_nothing(queue, schema, db):
             IF NEW.task = 'poison' THEN RAISE EXCEPTION 'poison row'; END IF;
             RETURN NEW;
         END $$;
-        CREATE TRIGGER refuse_poison BEFORE INSERT ON {schema}.jobs
+        CREATE TRIGGER refuse_poison BEFORE INSERT ON {schema}.active_jobs
             FOR EACH ROW EXECUTE FUNCTION {schema}.refuse_poison();"""
     )
     with pytest.raises(psycopg.errors.RaiseException, match="poison row"):

@@ -25,13 +25,13 @@ def _claim(queue: Queue, worker_id: str = "w1", **options):
 
 
 def _runnable_now(db: psycopg.Connection, schema: str) -> None:
-    db.execute(sql.SQL("UPDATE {}.jobs SET run_at = now()").format(sql.Identifier(schema)))
+    db.execute(sql.SQL("UPDATE {}.active_jobs SET run_at = now()").format(sql.Identifier(schema)))
 
 
 def _expire_leases(db: psycopg.Connection, schema: str) -> None:
     db.execute(
         sql.SQL(
-            "UPDATE {}.jobs SET lease_expires_at = now() - interval '1 minute' "
+            "UPDATE {}.active_jobs SET lease_expires_at = now() - interval '1 minute' "
             "WHERE state = 'running'"
         ).format(sql.Identifier(schema))
     )

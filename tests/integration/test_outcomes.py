@@ -56,7 +56,7 @@ def test_cancelling_a_running_job_revokes_its_lease(queue):
 
 def make_runnable(queue: Queue) -> None:
     with queue.pool.connection() as conn:
-        conn.execute(f"UPDATE {queue.schema}.jobs SET run_at = now() WHERE state = 'queued'")
+        conn.execute(f"UPDATE {queue.schema}.active_jobs SET run_at = now() WHERE state = 'queued'")
 
 
 def test_a_job_that_keeps_failing_is_dead_after_max_attempts(queue):

@@ -51,7 +51,9 @@ def test_a_queue_call_over_its_statement_timeout_fails_and_rolls_back(
     bounded = queue.with_statement_timeout(1.0)
     with psycopg.connect(database_url) as locker:
         # Another transaction holds the job's row: the ack waits for it, and overruns.
-        locker.execute(f"SELECT 1 FROM {queue.schema}.jobs WHERE id = %s FOR UPDATE", [job.id])
+        locker.execute(
+            f"SELECT 1 FROM {queue.schema}.active_jobs WHERE id = %s FOR UPDATE", [job.id]
+        )
         with pytest.raises(DatabaseUnavailable, match="took longer than 1 s"):
             bounded.ack(job, {"n": 1})
     # The cut-off ack wrote nothing, and the same ack goes through once the row is free.

@@ -27,7 +27,7 @@ def _enqueue_waiting(jobs: Queue, db, schema: str, task: str, minutes: float, **
     """A job runnable, and in the table, for ``minutes`` already."""
     job = jobs.enqueue(task, run_at=_waited(minutes), **options).job
     db.execute(
-        sql.SQL("UPDATE {}.jobs SET enqueued_at = run_at WHERE id = %s").format(
+        sql.SQL("UPDATE {}.active_jobs SET enqueued_at = run_at WHERE id = %s").format(
             sql.Identifier(schema)
         ),
         (job.id,),

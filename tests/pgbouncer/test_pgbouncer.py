@@ -127,9 +127,9 @@ def test_reaper_and_pruner_locks_end_with_their_transaction_behind_pgbouncer(
         (stalled,) = queue.claim(["default"], ["echo"], limit=1, lease_seconds=0.001)
         with psycopg.connect(database_url, autocommit=True) as db:
             db.execute(
-                sql.SQL("UPDATE {}.jobs SET finished_at = now() - interval '2 days'").format(
-                    sql.Identifier(schema)
-                )
+                sql.SQL(
+                    "UPDATE {}.finished_jobs SET finished_at = now() - interval '2 days'"
+                ).format(sql.Identifier(schema))
             )
         time.sleep(0.01)  # past the stalled job's lease
         reaped = [queue.reap() for _ in range(rounds)]
@@ -157,7 +157,7 @@ def test_cli_commands_work_through_pgbouncer(bouncer, schema, database_url):
             queue.ack(job)
     with psycopg.connect(database_url, autocommit=True) as db:
         db.execute(
-            sql.SQL("UPDATE {}.jobs SET finished_at = now() - interval '2 days'").format(
+            sql.SQL("UPDATE {}.finished_jobs SET finished_at = now() - interval '2 days'").format(
                 sql.Identifier(schema)
             )
         )

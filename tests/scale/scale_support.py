@@ -11,12 +11,15 @@ from psycopg import sql
 from pgqueue import Job, JobState, Queue
 
 # Finished jobs as a busy month leaves them, written in one INSERT ... SELECT (the
-# history is setup here, not what is under test). Job n finished ``age`` ago.
+# history is setup here, not what is under test). Job n finished ``age`` ago. The queue
+# counters are not written: figures that count finished jobs do not include these.
 HISTORY_INSERT = """
-INSERT INTO {schema}.jobs (queue, task, payload, state, run_at, attempts, enqueued_at,
-                           started_at, finished_at, result)
-SELECT %(queue)s, 't', jsonb_build_object('n', n), %(state)s::{schema}.job_state,
-       now() - %(age)s::interval, 1, now() - %(age)s::interval, now() - %(age)s::interval,
+INSERT INTO {schema}.finished_jobs (id, queue, task, payload, priority, state, run_at,
+                                    attempts, max_attempts, enqueued_at, started_at,
+                                    finished_at, result)
+SELECT nextval('{schema}.job_ids'), %(queue)s, 't', jsonb_build_object('n', n), 0,
+       %(state)s::{schema}.job_state,
+       now() - %(age)s::interval, 1, 5, now() - %(age)s::interval, now() - %(age)s::interval,
        now() - %(age)s::interval, '{{"ok": true}}'
 FROM generate_series(1, %(count)s) AS n
 """
@@ -41,9 +44,9 @@ def add_history(
 def backdate(db: psycopg.Connection, schema: str, job_ids: list[int], age: str) -> None:
     """Make ``job_ids`` look as if they finished ``age`` ago."""
     db.execute(
-        sql.SQL("UPDATE {}.jobs SET finished_at = now() - %s::interval WHERE id = ANY(%s)").format(
-            sql.Identifier(schema)
-        ),
+        sql.SQL(
+            "UPDATE {}.finished_jobs SET finished_at = now() - %s::interval WHERE id = ANY(%s)"
+        ).format(sql.Identifier(schema)),
         (age, job_ids),
     )
 

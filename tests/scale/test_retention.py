@@ -179,11 +179,11 @@ def _worker_args(database_url: str, schema: str, *flags: str) -> list[str]:
 
 
 def test_pgqueue_worker_prunes_by_its_flags(queue, db, schema, database_url, tmp_path):
-    old_succeeded = finished_jobs(queue, db, schema, JobState.SUCCEEDED, 2, "2 hours")
+    old_succeeded = finished_jobs(queue, db, schema, JobState.SUCCEEDED, 2, "3 days")
     kept = finished_jobs(queue, db, schema, JobState.SUCCEEDED, 1, "10 minutes")
-    kept += finished_jobs(queue, db, schema, JobState.DEAD, 1, "2 hours")
+    kept += finished_jobs(queue, db, schema, JobState.DEAD, 1, "3 days")
     log_path = tmp_path / "worker.log"
-    flags = ("--prune-succeeded-after", "1h", "--prune-dead-after", "1d", "--prune-interval", "0.2")
+    flags = ("--prune-succeeded-after", "1d", "--prune-dead-after", "7d", "--prune-interval", "0.2")
     worker = start_worker(_worker_args(database_url, schema, *flags), environment(HERE), log_path)
     try:
         wait_for(
@@ -194,7 +194,7 @@ def test_pgqueue_worker_prunes_by_its_flags(queue, db, schema, database_url, tmp
         (exit_code,) = stop([worker])
     log = log_path.read_text()
     assert remaining_ids(queue) == set(kept)
-    assert "succeeded after 1h, cancelled after 7d, dead after 1d" in log
+    assert "succeeded after 1d, cancelled after 7d, dead after 7d" in log
     assert "pruned 2 finished jobs" in log
     assert exit_code == 0, log
 

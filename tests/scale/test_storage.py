@@ -30,7 +30,6 @@ def _params(name: str) -> dict[str, Any]:
         "job_reap": {"limit": 1000, "base": 1.0, "cap": 60.0},
         "job_next_run_delay": common,
         "queue_stats": {},
-        "queue_metrics_snapshot": {},
         # No wait required: every queued job of the hot set is looked at.
         "jobs_unserved": {"after_seconds": 0, "limit": 1000},
     }[name]
@@ -47,7 +46,8 @@ def _buffers(db: psycopg.Connection, schema: str, name: str) -> tuple[int, dict[
 
 
 def _vacuum(db: psycopg.Connection, schema: str) -> None:
-    db.execute(sql.SQL("VACUUM (ANALYZE) {}.jobs").format(sql.Identifier(schema)))
+    for table in ("active_jobs", "finished_jobs"):
+        db.execute(sql.SQL("VACUUM (ANALYZE) {}").format(sql.Identifier(schema, table)))
 
 
 def _index_names(plan: dict[str, Any]) -> set[str]:
@@ -71,7 +71,6 @@ def hot_set(queue: Queue) -> None:
         "job_reap",
         "job_next_run_delay",
         "queue_stats",
-        "queue_metrics_snapshot",
         "jobs_unserved",
     ],
 )
@@ -96,7 +95,7 @@ def test_claims_use_the_partial_claim_index(queue, db, schema, hot_set, history)
     history(HISTORY_ROWS)
     _vacuum(db, schema)
     _, plan = _buffers(db, schema, "job_claim")
-    assert "jobs_claim_idx" in _index_names(plan)
+    assert "active_jobs_claim_idx" in _index_names(plan)
 
 
 def test_heartbeats_are_hot_updates(queue, db, schema):
@@ -106,7 +105,7 @@ def test_heartbeats_are_hot_updates(queue, db, schema):
     queue.enqueue_many(JobSpec("t") for _ in range(50))
     claimed = queue.claim(["default"], ["t"], limit=50)
     heartbeat = queries.bind("job_heartbeat_many", schema)
-    jobs = sql.SQL("{}.jobs").format(sql.Identifier(schema)).as_string(db)
+    jobs = sql.Identifier(schema, "active_jobs").as_string(db)
     with db.transaction(force_rollback=True):
         lost = db.execute(
             heartbeat,
@@ -126,10 +125,10 @@ def test_heartbeats_are_hot_updates(queue, db, schema):
     assert hot == 50
 
 
-def test_the_jobs_table_is_stored_for_churn(db, schema):
+def test_the_active_jobs_table_is_stored_for_churn(db, schema):
     options = db.execute(
         "SELECT reloptions FROM pg_class WHERE oid = %s::regclass",
-        (f"{schema}.jobs",),
+        (f"{schema}.active_jobs",),
     ).fetchone()[0]
     settings = dict(option.split("=", 1) for option in options)
     assert int(settings["fillfactor"]) < 100  # room on each page for HOT heartbeats
@@ -137,17 +136,21 @@ def test_the_jobs_table_is_stored_for_churn(db, schema):
     assert float(settings["autovacuum_vacuum_cost_delay"]) < 2  # the default
 
 
-def test_finished_jobs_are_not_in_the_claim_or_running_index(db, schema, queue, history):
+def test_finished_jobs_are_not_in_the_active_table_or_its_indexes(db, schema, queue, history):
     history(1000)
     name = f"q_{uuid.uuid4().hex[:6]}"
     queue.enqueue(name, queue=name)
+    job = queue.enqueue(name, queue=name).job
+    queue.ack(queue.claim([name], [name])[0], None)
     _vacuum(db, schema)
     counts = dict(
         db.execute(
             "SELECT c.relname, c.reltuples FROM pg_class AS c"
             " JOIN pg_namespace AS n ON n.oid = c.relnamespace"
-            " WHERE n.nspname = %s AND c.relname IN ('jobs_claim_idx', 'jobs_running_idx')",
+            " WHERE n.nspname = %s AND c.relname IN"
+            " ('active_jobs', 'active_jobs_claim_idx', 'active_jobs_running_idx')",
             (schema,),
         ).fetchall()
     )
-    assert counts == {"jobs_claim_idx": 1, "jobs_running_idx": 0}
+    assert counts == {"active_jobs": 1, "active_jobs_claim_idx": 1, "active_jobs_running_idx": 0}
+    assert queue.get(job.id).state.value == "queued"

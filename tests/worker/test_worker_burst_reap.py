@@ -26,7 +26,7 @@ def _crashed_while_running(
     jobs.claim([job.queue], [task], worker_id="crashed-worker", lease_seconds=600)
     db.execute(
         sql.SQL(
-            "UPDATE {}.jobs SET lease_expires_at = now() - interval '1 minute' WHERE id = %s"
+            "UPDATE {}.active_jobs SET lease_expires_at = now() - interval '1 minute' WHERE id = %s"
         ).format(sql.Identifier(schema)),
         (job.id,),
     )
@@ -63,9 +63,9 @@ def test_a_worker_reaps_and_prunes_queues_it_does_not_serve(
     old = queue.enqueue("echo", queue="other").job
     queue.ack(queue.claim(["other"], ["echo"])[0], None)
     db.execute(
-        sql.SQL("UPDATE {}.jobs SET finished_at = now() - interval '2 hours' WHERE id = %s").format(
-            sql.Identifier(schema)
-        ),
+        sql.SQL(
+            "UPDATE {}.finished_jobs SET finished_at = now() - interval '2 days' WHERE id = %s"
+        ).format(sql.Identifier(schema)),
         (old.id,),
     )
 

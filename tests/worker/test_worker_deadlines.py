@@ -28,7 +28,9 @@ def test_a_worker_retries_an_outcome_whose_statement_overran(
     worker = run_worker({"wait": wait}, lease_seconds=6.0, heartbeat_seconds=1.0)
     wait_for(lambda: queue.get(job.id).state is JobState.RUNNING, 60, "the job to start")
     with psycopg.connect(database_url) as locker:
-        locker.execute(f"SELECT 1 FROM {queue.schema}.jobs WHERE id = %s FOR UPDATE", [job.id])
+        locker.execute(
+            f"SELECT 1 FROM {queue.schema}.active_jobs WHERE id = %s FOR UPDATE", [job.id]
+        )
         release.set()
         wait_for(
             lambda: "took longer than 3 s" in caplog.text, 60, "the overrunning ack to be cut off"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import socket
 from pathlib import Path
 from typing import Any
@@ -24,13 +25,35 @@ import uvicorn
 import uvicorn.config
 
 from pgqueue import PgQueueError, migrations
-from pgqueue.cli import check_reachable, database_options, resolve_url
+from pgqueue.cli import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_USAGE,
+    check_reachable,
+    database_options,
+    exit_status_help,
+    resolve_url,
+)
 from pgqueue.queue import error_line
 from pgqueue.settings import check_schema
 from pgqueue_api import settings as api_settings
 from pgqueue_api.settings import ApiSettings, SettingsError
 
 APP_FACTORY = "pgqueue_api.app:create_app_from_env"
+EXIT_STATUSES = exit_status_help(
+    (EXIT_OK, "stopped cleanly by SIGTERM or SIGINT, with --workers 2 or more"),
+    (EXIT_ERROR, "did not start: an error, said in one line (database unreachable,"),
+    ("", "schema not migrated, port taken, unreadable token file, ...)"),
+    (EXIT_USAGE, "a wrong flag or value"),
+    (uvicorn.config.STARTUP_FAILURE, "uvicorn could not start serving (the app failed to start)"),
+    # uvicorn's single server, once shut down gracefully, raises the signal it caught
+    # again, so that the process ends as that signal would have ended it.
+    (
+        128 + signal.SIGINT,
+        f"stopped cleanly by SIGINT, {128 + signal.SIGTERM} by SIGTERM, with one",
+    ),
+    ("", "worker process (128 + the signal's number, as a shell reports it)"),
+)
 
 
 def _option(*names: str, envvar: str | list[str], **kwargs: Any) -> Any:
@@ -38,7 +61,10 @@ def _option(*names: str, envvar: str | list[str], **kwargs: Any) -> Any:
     return click.option(*names, envvar=envvar, show_envvar=True, **kwargs)
 
 
-@click.command("api", context_settings={"help_option_names": ["-h", "--help"]})
+@click.command(
+    "api", context_settings={"help_option_names": ["-h", "--help"]}, epilog=EXIT_STATUSES
+)
+@click.version_option(package_name="pgqueue-api", prog_name="pgqueue-api")
 @_option(
     "--host",
     envvar="PGQUEUE_API_HOST",
@@ -213,8 +239,10 @@ def describe_settings(settings: ApiSettings, workers: int) -> str:
 def check_migrated(url: str, schema: str) -> None:
     """Fail with one line unless every migration this version ships is applied."""
     with psycopg.connect(url, connect_timeout=5) as conn:
-        done = set(migrations.applied(conn, schema))
-    missing = [m.version for m in migrations.available() if m.version not in done]
+        try:
+            missing = migrations.pending(conn, schema)
+        except migrations.UnknownSchemaVersion as exc:
+            raise click.ClickException(str(exc)) from None
     if missing:
         raise click.ClickException(
             f"schema {schema} lacks migrations {', '.join(map(str, missing))}: "

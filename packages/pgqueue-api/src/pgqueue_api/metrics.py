@@ -1,7 +1,7 @@
 """``/metrics``: Prometheus text rendered by ``prometheus_client`` from one database snapshot.
 
-The figures live in PostgreSQL (rollups kept by triggers on the jobs table), not in
-this process, so every API process serves the same numbers and a restart loses none.
+The figures live in PostgreSQL (counted in the table of unfinished jobs, and in the
+counters that the statements finishing jobs keep), not in this process, so every API process serves the same numbers and a restart loses none.
 A custom collector reads them once per scrape; a private registry keeps this process's
 own default metrics out, as they would differ between API processes behind one address.
 """
@@ -9,18 +9,15 @@ own default metrics out, as they would differ between API processes behind one a
 from __future__ import annotations
 
 from collections.abc import Iterator
-from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
-    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 from pgqueue import JobState, Queue
 from pgqueue.queue import UNSERVED_AFTER_SECONDS, MetricsSnapshot
@@ -56,12 +53,6 @@ def families(snapshot: MetricsSnapshot) -> list[Metric]:
         "Attempts that failed or whose lease expired, by queue.",
         labels=["queue"],
     )
-    start_latency = HistogramMetricFamily(
-        "pgqueue_enqueue_to_start_seconds",
-        "Time from a job becoming runnable (the later of enqueue and run_at) to a worker "
-        "starting it, by queue.",
-        labels=["queue"],
-    )
     unserved = GaugeMetricFamily(
         "pgqueue_jobs_unserved",
         f"Queued jobs runnable for over {UNSERVED_AFTER_SECONDS:g} s while no job of their "
@@ -71,19 +62,12 @@ def families(snapshot: MetricsSnapshot) -> list[Metric]:
     )
     for entry in snapshot.unserved:
         unserved.add_metric([entry.queue, entry.task], entry.jobs)
-    bounds = [floatToGoString(bound) for bound in snapshot.start_bounds]
     for queue in snapshot.queues:
         for state in JobState:
             jobs.add_metric([queue.queue, state.value], queue.jobs[state.value])
         completed.add_metric([queue.queue], queue.completed)
         failures.add_metric([queue.queue], queue.failures)
-        cumulative = list(accumulate(queue.start_counts))
-        start_latency.add_metric(
-            [queue.queue],
-            buckets=list(zip(bounds, cumulative, strict=True)),
-            sum_value=queue.start_seconds_sum,
-        )
-    return [jobs, completed, failures, start_latency, unserved]
+    return [jobs, completed, failures, unserved]
 
 
 def metrics_registry(queue: Queue) -> CollectorRegistry:

@@ -5,7 +5,7 @@ Cases, each measured for ``--seconds`` after a warm-up of ``--warmup`` seconds (
 producer makes at least one call in it), each on a fresh schema, or for the peers a
 fresh database:
 
-- raw SQL into ``plain_jobs``, a table created ``LIKE`` the jobs table (its columns,
+- raw SQL into ``plain_jobs``, a table created ``LIKE`` active_jobs (its columns,
   defaults, constraints and indexes, no triggers), on autocommit connections:
   one prepared ``INSERT ... RETURNING id`` per transaction on one connection
   (``raw-insert-1``) and on ``--connections`` connections (16 unless told), a thread
@@ -798,7 +798,7 @@ def enqueue_command(
         "rate": "jobs / client wall-clock seconds, from all producers warmed up to the last "
         "call's return; HTTP: answered requests over wrk's own duration",
         "load_generator": "wrk, 1 thread, keep-alive connections, same machine",
-        "plain_table": "CREATE TABLE plain_jobs (LIKE jobs INCLUDING ALL): no triggers",
+        "plain_table": "CREATE TABLE plain_jobs (LIKE active_jobs INCLUDING ALL): no trigger",
     }
     document = results.document(
         "enqueue",

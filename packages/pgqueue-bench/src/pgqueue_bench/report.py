@@ -284,7 +284,7 @@ def enqueue_section(document: dict[str, Any]) -> list[str]:
         f"Every case on the same server in one run, {repeats} run{'s' if repeats != 1 else ''} each, "
         f"{params.get('seconds'):g} s per run after a {params.get('warmup'):g} s warm-up, "
         "on a fresh schema (the peers: a fresh database). Raw SQL writes into a table "
-        "created `LIKE` the jobs table (same columns, defaults, constraints and indexes, "
+        "created `LIKE` active_jobs (same columns, defaults, constraints and indexes, "
         "no triggers). Rates are jobs per second of the client's wall clock; a run counts "
         "only if the table then holds every job it counted. HTTP load comes from `wrk` "
         f"on the same machine; latency is per request.{load}",

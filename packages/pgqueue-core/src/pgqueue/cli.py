@@ -27,6 +27,15 @@ from pgqueue.queue import UNSERVED_AFTER_SECONDS, Queue, error_line
 from pgqueue.settings import DEFAULT_QUEUE, DEFAULT_SCHEMA, check_schema, resolve_database_url
 
 COMMANDS_GROUP = "pgqueue.commands"
+
+# Exit statuses of the `pgqueue` commands, as each one's --help lists them: click's own
+# (0, 1 for a ClickException, which prints one line, and 2 for a usage error), and 3 for
+# `pgqueue db status` on a server that is not running, as `pg_ctl status` does.
+# `pgqueue worker` and `pgqueue dev` add theirs in their own --help.
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NOT_RUNNING = 3
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*$")
 _UNIT_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 _MISSING_RELATION = re.compile(r'relation "(?:([a-z_][a-z0-9_]*)\.)?[^"]*" does not exist')
@@ -139,9 +148,11 @@ def check_migrated(conn: psycopg.Connection, schema: str) -> None:
     """Fail with one clear line unless ``schema`` has every migration this version of
     pgqueue ships (a command on an older or missing schema would otherwise fail
     half-way with a traceback)."""
-    done = set(migrations.applied(conn, schema))
-    shipped = [m.version for m in migrations.available()]
-    missing = [version for version in shipped if version not in done]
+    try:
+        missing = migrations.pending(conn, schema)
+    except migrations.UnknownSchemaVersion as exc:
+        raise click.ClickException(str(exc)) from None
+    shipped = migrations.available()
     if missing:
         raise click.ClickException(
             not_migrated(schema, None if len(missing) == len(shipped) else missing)
@@ -169,17 +180,38 @@ def parse_duration(text: str) -> float:
     return float(match[1]) * _UNIT_SECONDS[match[2]]
 
 
+def exit_status_help(*statuses: tuple[int | str, str]) -> str:
+    """An ``Exit status:`` block for a command's ``--help`` epilog, one status a line
+    (click prints a paragraph that starts with ``\\b`` as it is written)."""
+    return "\n".join(["\b", "Exit status:", *(f"  {code!s:<4} {what}" for code, what in statuses)])
+
+
+USAGE_STATUS = (EXIT_USAGE, "a wrong command, flag or argument")
+ERROR_STATUS = (EXIT_ERROR, "an error, said in one line (no database, schema not migrated, ...)")
+COMMAND_EXIT_STATUSES = exit_status_help((EXIT_OK, "done"), ERROR_STATUS, USAGE_STATUS)
+
+
 def _echo_json(value: Any) -> None:
     click.echo(json.dumps(value, indent=2, default=str))
 
 
-@click.group(cls=PgQueueGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(
+    cls=PgQueueGroup,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    epilog=exit_status_help(
+        (EXIT_OK, "done"),
+        ERROR_STATUS,
+        USAGE_STATUS,
+        ("", "`pgqueue worker`, `pgqueue api`, `pgqueue dev` and `pgqueue db status`"),
+        ("", "have more: see their --help."),
+    ),
+)
 @click.version_option(package_name="pgqueue-core", prog_name="pgqueue")
 def main() -> None:
     """pgqueue: a durable, at-least-once job queue on PostgreSQL."""
 
 
-@main.command()
+@main.command(epilog=COMMAND_EXIT_STATUSES)
 @database_options
 def migrate(database_url: str | None, schema: str) -> None:
     """Create or upgrade the jobs table (safe to run from many processes at once)."""
@@ -192,7 +224,7 @@ def migrate(database_url: str | None, schema: str) -> None:
         click.echo(f"schema {schema} is up to date")
 
 
-@main.command()
+@main.command(epilog=COMMAND_EXIT_STATUSES)
 @click.argument("task")
 @click.option("--payload", default="{}", show_default=True, help="Job payload, a JSON object.")
 @click.option("--queue", default=DEFAULT_QUEUE, show_default=True)
@@ -219,7 +251,7 @@ def enqueue(
     _echo_json({"created": outcome.created, "job": outcome.job.to_dict()})
 
 
-@main.command()
+@main.command(epilog=COMMAND_EXIT_STATUSES)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @database_options
 def status(database_url: str | None, schema: str, as_json: bool) -> None:
@@ -266,7 +298,7 @@ def status(database_url: str | None, schema: str, as_json: bool) -> None:
             )
 
 
-@main.command("job")
+@main.command("job", epilog=COMMAND_EXIT_STATUSES)
 @click.argument("job_id", type=int)
 @database_options
 def show_job(job_id: int, database_url: str | None, schema: str) -> None:
@@ -275,7 +307,7 @@ def show_job(job_id: int, database_url: str | None, schema: str) -> None:
         _echo_json(queue.get(job_id).to_dict())
 
 
-@main.command()
+@main.command(epilog=COMMAND_EXIT_STATUSES)
 @click.argument("job_id", type=int)
 @database_options
 def cancel(job_id: int, database_url: str | None, schema: str) -> None:
@@ -285,7 +317,7 @@ def cancel(job_id: int, database_url: str | None, schema: str) -> None:
     click.echo(f"job {job.id} cancelled")
 
 
-@main.command()
+@main.command(epilog=COMMAND_EXIT_STATUSES)
 @click.argument("job_id", type=int)
 @database_options
 def retry(job_id: int, database_url: str | None, schema: str) -> None:
@@ -295,7 +327,7 @@ def retry(job_id: int, database_url: str | None, schema: str) -> None:
     click.echo(f"job {job.id} queued again")
 
 
-@main.command()
+@main.command(epilog=COMMAND_EXIT_STATUSES)
 @click.option(
     "--older-than",
     required=True,
@@ -320,7 +352,13 @@ def prune(
     click.echo(f"pruned {deleted} jobs")
 
 
-@main.command()
+@main.command(
+    epilog=exit_status_help(
+        (EXIT_OK, "every installed plugin loaded"),
+        (EXIT_ERROR, "a plugin failed to load (listed with its entry point and error)"),
+        USAGE_STATUS,
+    )
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 def plugins(as_json: bool) -> None:
     """Installed plugins, with their versions, tasks and hooks.
@@ -348,12 +386,25 @@ def plugins(as_json: bool) -> None:
         raise click.ClickException(f"{len(broken)} plugin(s) failed to load: {names}")
 
 
-@main.group()
+@main.group(epilog=COMMAND_EXIT_STATUSES)
 def db() -> None:
-    """The embedded PostgreSQL in ./.pgdata (needs pgqueue-core[local])."""
+    """The embedded PostgreSQL of this project (needs pgqueue-core[local]).
+
+    Its data directory is PGQUEUE_PGDATA if set; otherwise, from the current directory
+    upwards, the nearest .pgdata inside the project, else .pgdata at the project's root
+    (the nearest directory holding .git, else pyproject.toml); outside any project,
+    ./.pgdata. `pgqueue db status` shows which, and why.
+    """
 
 
-@db.command("start")
+@db.command(
+    "start",
+    epilog=exit_status_help(
+        (EXIT_OK, "running, migrated, its URL printed"),
+        (EXIT_ERROR, "it could not start, said in one line"),
+        USAGE_STATUS,
+    ),
+)
 def db_start() -> None:
     """Start the embedded PostgreSQL, apply migrations, and print its URL."""
     url = embedded.start()
@@ -361,7 +412,14 @@ def db_start() -> None:
     click.echo(url)
 
 
-@db.command("stop")
+@db.command(
+    "stop",
+    epilog=exit_status_help(
+        (EXIT_OK, "stopped, or it was not running"),
+        (EXIT_ERROR, "an error, said in one line"),
+        USAGE_STATUS,
+    ),
+)
 def db_stop() -> None:
     """Stop the embedded PostgreSQL."""
     if embedded.stop():
@@ -370,13 +428,58 @@ def db_stop() -> None:
         click.echo("embedded PostgreSQL was not running")
 
 
-@db.command("url")
+@db.command(
+    "url",
+    epilog=exit_status_help(
+        (EXIT_OK, "its URL printed"),
+        (EXIT_ERROR, "it is not running (`pgqueue db start` starts it)"),
+        USAGE_STATUS,
+    ),
+)
 def db_url() -> None:
     """Print the embedded PostgreSQL's URL (it must be running)."""
     url = embedded.running_url()
     if url is None:
-        raise click.ClickException("the embedded PostgreSQL is not running: run `pgqueue db start`")
+        raise click.ClickException(
+            f"the embedded PostgreSQL in {embedded.locate().path} is not running: "
+            "run `pgqueue db start`"
+        )
     click.echo(url)
 
 
+@db.command(
+    "status",
+    epilog=exit_status_help(
+        (EXIT_OK, "running"),
+        (EXIT_ERROR, "an error, said in one line"),
+        USAGE_STATUS,
+        (EXIT_NOT_RUNNING, "not running (as `pg_ctl status` says it)"),
+    ),
+)
+def db_status() -> None:
+    """Where the embedded PostgreSQL keeps its data, why there, and whether it runs."""
+    location = embedded.locate()
+    click.echo(f"data directory: {location.path} ({location.reason})")
+    url = embedded.running_url(location.path)
+    if url is not None:
+        click.echo(f"running: {url}")
+        return
+    version = embedded.initialised_version(location.path)
+    if version is None:
+        click.echo("not running: no cluster there yet (`pgqueue db start` creates one)")
+    else:
+        click.echo(f"not running: a PostgreSQL {version} cluster (`pgqueue db start` starts it)")
+    raise click.exceptions.Exit(EXIT_NOT_RUNNING)
+
+
+# `pgqueue dev` stops its children when it stops: its status is theirs when one of them
+# ended it (dev.py cannot import this module, which imports it).
+dev.epilog = exit_status_help(
+    (EXIT_OK, "stopped by Ctrl-C or SIGTERM"),
+    (EXIT_ERROR, "did not start, said in one line (port taken, pgqueue-api or"),
+    ("", "pgqueue-worker not installed, ...)"),
+    USAGE_STATUS,
+    ("1+", "the API or the worker exited by itself: the higher of their statuses,"),
+    ("", "at least 1"),
+)
 main.add_command(dev)

@@ -113,8 +113,9 @@ def run_dev(host: str, port: int, schema: str, concurrency: int) -> int:
     check_commands_installed()
     if not port_is_free(host, port):
         raise click.ClickException(f"port {port} on {host} is taken: pass --port to use another")
-    click.echo("starting the embedded PostgreSQL in ./.pgdata ...")
-    url = embedded.start()
+    pgdata = embedded.locate()
+    click.echo(f"starting the embedded PostgreSQL in {pgdata.path} ({pgdata.reason}) ...")
+    url = embedded.start(pgdata.path)
     migrations.migrate(url, schema)
     env = {**os.environ, "DATABASE_URL": url, "PGQUEUE_SCHEMA": schema}
     base = f"http://{host}:{port}"

@@ -1,9 +1,15 @@
-"""Numbered SQL migrations, applied in order, each in its own transaction.
+"""Creating and upgrading pgqueue's schema.
 
-Every file runs under a transaction-scoped advisory lock and re-checks the
-migrations table once it holds it, so any number of processes may call
-:func:`migrate` at once: one applies each file, the others wait and skip it.
-Transaction-scoped locks also keep this safe behind PgBouncer in transaction mode.
+A new schema is created from ``sql/schema.sql``, the current schema as a whole, and
+recorded at the latest version. A schema created by an earlier version is brought up to
+date by the numbered upgrade migrations in ``sql/migrations`` that it has not had,
+applied in order, each in its own transaction. (Version 1 there is the schema as first
+released; a test requires that it plus every upgrade builds what schema.sql builds.)
+
+Every step runs under a transaction-scoped advisory lock and re-checks the migrations
+table once it holds it, so any number of processes may call :func:`migrate` at once:
+one applies each step, the others wait and skip it. Transaction-scoped locks also keep
+this safe behind PgBouncer in transaction mode.
 """
 
 from __future__ import annotations
@@ -15,7 +21,8 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
-from pgqueue import queries
+from pgqueue import history, queries
+from pgqueue.errors import PgQueueError
 from pgqueue.locks import advisory_key
 from pgqueue.settings import DEFAULT_SCHEMA, check_schema
 
@@ -29,6 +36,15 @@ class Migration:
     version: int
     name: str
     text: str
+
+
+class UnknownSchemaVersion(PgQueueError):
+    """The schema records migrations that this version of pgqueue did not ship."""
+
+
+def current_schema() -> str:
+    """The text of ``sql/schema.sql``: the whole current schema, for a new database."""
+    return resources.files("pgqueue.sql").joinpath("schema.sql").read_text()
 
 
 def available() -> list[Migration]:
@@ -52,26 +68,85 @@ def applied(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list[int]
     return [row[0] for row in conn.execute(queries.bind("migration_applied", schema))]
 
 
-def migrate(conninfo: str, schema: str = DEFAULT_SCHEMA) -> list[int]:
-    """Apply every pending migration to ``schema``; return the versions this call applied."""
+def migrate(
+    conninfo: str, schema: str = DEFAULT_SCHEMA, *, through_upgrades: bool = False
+) -> list[int]:
+    """Create ``schema``, or apply its pending upgrades; return the versions this call
+    applied (every version, for a new schema). Also creates the coming days' partitions
+    of the finished jobs (see :mod:`pgqueue.history`).
+
+    ``through_upgrades=True`` builds a new schema as an old one would have been brought
+    here, from version 1 and every upgrade, instead of from ``schema.sql``: the test of
+    the upgrades compares the two."""
     check_schema(schema)
     lock_key = advisory_key("migrate", schema)
+    shipped = available()
     done: list[int] = []
     # No server-side prepared statements: migrate must work through PgBouncer too.
     with psycopg.connect(conninfo, autocommit=False, prepare_threshold=None) as conn:
-        for migration in available():
+        for migration in shipped:
             with conn.transaction():
                 conn.execute(queries.bind("migration_lock", schema), {"key": lock_key})
                 conn.execute(
                     sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema))
                 )
                 conn.execute(queries.bind("migration_table_create", schema))
-                if migration.version in applied(conn, schema):
+                recorded = applied_migrations(conn, schema)
+                _check_known(recorded, shipped, schema)
+                if not recorded and not through_upgrades:
+                    # A new schema: the current one at once, recorded as every version.
+                    conn.execute(_formatted(current_schema(), schema))
+                    for each in shipped:
+                        _record(conn, schema, each)
+                    done = [each.version for each in shipped]
+                    break
+                if migration.version in recorded:
                     continue
-                conn.execute(sql.SQL(migration.text).format(schema=sql.Identifier(schema)))
-                conn.execute(
-                    queries.bind("migration_record", schema),
-                    {"version": migration.version, "name": migration.name},
-                )
+                conn.execute(_formatted(migration.text, schema))
+                _record(conn, schema, migration)
                 done.append(migration.version)
+        history.create_days(
+            conn,
+            schema,
+            lambda c: bool(c.execute(queries.bind("migration_lock", schema), {"key": lock_key})),
+        )
     return done
+
+
+def pending(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list[int]:
+    """The shipped versions ``schema`` has not had yet (all of them when it does not
+    exist). Raises UnknownSchemaVersion for a schema made by another pgqueue."""
+    shipped = available()
+    done = set(applied(conn, schema))
+    if done:
+        _check_known(applied_migrations(conn, schema), shipped, schema)
+    return [m.version for m in shipped if m.version not in done]
+
+
+def applied_migrations(conn: psycopg.Connection, schema: str) -> dict[int, str]:
+    """Version -> name of the migrations recorded in ``schema`` (which must exist)."""
+    rows = conn.execute(queries.bind("migration_applied", schema)).fetchall()
+    return {version: name for version, name in rows}
+
+
+def _check_known(recorded: dict[int, str], shipped: list[Migration], schema: str) -> None:
+    names = {m.version: m.name for m in shipped}
+    unknown = sorted(v for v, name in recorded.items() if names.get(v) != name)
+    if unknown:
+        raise UnknownSchemaVersion(
+            f"schema {schema!r} records migrations this version of pgqueue does not know "
+            f"({', '.join(f'{v} {recorded[v]}' for v in unknown)}): it was made by a newer "
+            f"or a pre-release pgqueue; upgrade pgqueue, or drop the schema "
+            f"(DROP SCHEMA {schema} CASCADE loses its jobs) and migrate again"
+        )
+
+
+def _formatted(text: str, schema: str) -> sql.Composed:
+    return sql.SQL(text).format(schema=sql.Identifier(schema))  # type: ignore[arg-type]
+
+
+def _record(conn: psycopg.Connection, schema: str, migration: Migration) -> None:
+    conn.execute(
+        queries.bind("migration_record", schema),
+        {"version": migration.version, "name": migration.name},
+    )

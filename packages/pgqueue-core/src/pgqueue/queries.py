@@ -46,15 +46,23 @@ def query_names() -> list[str]:
 def bind(name: str, schema: str, lock: str = "skip-locked") -> sql.SQL:
     """The statement called ``name`` with its placeholders filled for ``schema``:
     ``{schema}``, ``{lock}`` and ``{channel}`` (the schema's LISTEN/NOTIFY channel)."""
+    # Rendered once: psycopg renders a Composed again on every execute, which a worker
+    # claiming thousands of jobs a second would pay each time.
+    return sql.SQL(compose(name, schema, lock).as_string(None))
+
+
+def compose(
+    name: str, schema: str, lock: str = "skip-locked", **parts: sql.Composable
+) -> sql.Composed:
+    """The statement called ``name`` with ``bind``'s placeholders filled and, for the few
+    statements that have more (a partition's name, a list's filters), ``parts``."""
     try:
         body = _raw_queries()[name]
     except KeyError:
         raise KeyError(f"no query named {name!r} in queries.sql") from None
-    composed = sql.SQL(body).format(
+    return sql.SQL(body).format(
         schema=sql.Identifier(schema),
         lock=CLAIM_LOCKS[lock],
         channel=sql.Identifier(notify_channel(schema)),
+        **parts,
     )
-    # Rendered once: psycopg renders a Composed again on every execute, which a worker
-    # claiming thousands of jobs a second would pay each time.
-    return sql.SQL(composed.as_string(None))

@@ -23,9 +23,10 @@ from typing import Any, NamedTuple
 import psycopg
 import psycopg.errors
 import psycopg_pool
+from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from pgqueue import jsonb, queries, validation
+from pgqueue import history, jsonb, queries, validation
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS, backoff_seconds
 from pgqueue.deadlines import WATCHDOG, DeadlineExceeded
 from pgqueue.errors import (
@@ -187,19 +188,12 @@ class QueueMetrics:
     """Attempts that succeeded, ever; pruning does not lower it."""
     failures: int
     """Attempts that failed or whose lease expired, ever."""
-    start_counts: list[int]
-    """Claims per bucket of ``MetricsSnapshot.start_bounds`` (not cumulative), by how long
-    the job waited between becoming runnable and starting."""
-    start_seconds_sum: float
-    """The sum of those waits, in seconds."""
 
 
 @dataclass(frozen=True)
 class MetricsSnapshot:
     """Every queue's figures, read in one database snapshot."""
 
-    start_bounds: list[float]
-    """Upper bounds of the start-latency buckets, in seconds; the last is infinity."""
     queues: list[QueueMetrics]
     unserved: list[UnservedTask] = field(default_factory=list)
     """Queued jobs that no worker is taking, per queue and task (see
@@ -433,9 +427,12 @@ class Queue:
                 and c.autocommit
                 and any(key is not None for key in columns["idempotency_key"])
             )
+            keyed = any(key is not None for key in columns["idempotency_key"])
             with c.transaction() if atomic else nullcontext():
                 cur = jsonb.cursor(c)
-                cur.execute(self._sql("job_insert_many"), columns)
+                cur.execute(
+                    self._sql("job_insert_many_keyed" if keyed else "job_insert_many"), columns
+                )
                 inserted = [Job.from_row(row) for row in cur.fetchall()]
                 results, conflicts = self._match_inserted(cur, specs, inserted)
                 if conflicts:
@@ -826,19 +823,35 @@ class Queue:
                 ) from None
         if not 1 <= limit <= 1000:
             raise ValidationError("limit", "must be between 1 and 1000")
-        rows = self._rows(
-            "job_list",
-            {"queue": queue, "state": state, "task": task, "limit": limit + 1, "after": after},
+        params = {"queue": queue, "state": state, "task": task, "after": after}
+        # Only the filters given, each as a plain comparison: a state filter then prunes
+        # the finished jobs' partitions, which "state = %(state)s OR it is null" cannot.
+        filters = sql.SQL("").join(
+            sql.SQL(" AND {} {} {}").format(
+                sql.Identifier("id" if name == "after" else name),
+                sql.SQL("<" if name == "after" else "="),
+                sql.Placeholder(name),
+            )
+            for name, value in params.items()
+            if value is not None
         )
+        with self._connection() as conn:
+            cur = jsonb.cursor(conn)
+            cur.execute(
+                queries.compose("job_list", self.schema, filters=filters),
+                {**params, "limit": limit + 1},
+            )
+            rows = cur.fetchall()
         jobs = [Job.from_row(row) for row in rows[:limit]]
         return JobPage(jobs=jobs, next_after=jobs[-1].id if len(rows) > limit else None)
 
     def stats(self) -> list[QueueStats]:
         """Counts per queue and state, and the oldest runnable job's age, in one snapshot.
 
-        Counts come from the rollups the jobs table's triggers keep, so this stays cheap
-        however much history the table holds. ``unserved`` comes from :meth:`unserved`,
-        read right after."""
+        Queued and running jobs are counted in the table of unfinished jobs, finished ones
+        read from the counters their finishing statements keep, so this costs the same
+        however much history is kept. ``unserved`` comes from :meth:`unserved`, read
+        right after."""
         with self._connection() as conn:
             rows = self._rows("queue_stats", conn=conn)
             unserved = self.unserved(conn=conn)
@@ -891,24 +904,25 @@ class Queue:
     ) -> int:
         """Delete finished jobs that finished longer ago than ``older_than``, in batches
         of ``batch_size`` (one short transaction each). Returns how many were deleted.
-        Their idempotency keys become free again."""
+        Their idempotency keys become free again.
+
+        Pruning by hand, to the second: it deletes rows, which vacuum then reclaims. The
+        worker's automatic pruning (:meth:`prune_expired`) drops whole days instead."""
         seconds = older_than.total_seconds() if isinstance(older_than, timedelta) else older_than
         validation.seconds("older_than", seconds)
         chosen = [JobState(s) for s in states]
         if any(not s.finished for s in chosen):
             raise ValidationError("states", "only succeeded, dead and cancelled jobs can be pruned")
+        statement = queries.compose("job_prune", self.schema, table=sql.Identifier("finished_jobs"))
+        params = {
+            "states": [s.value for s in chosen],
+            "older_than_seconds": seconds,
+            "batch_size": batch_size,
+        }
         total = 0
         while True:
             with self._connection() as conn:
-                cur = conn.execute(
-                    self._sql("job_prune"),
-                    {
-                        "states": [s.value for s in chosen],
-                        "older_than_seconds": seconds,
-                        "batch_size": batch_size,
-                    },
-                )
-                deleted = cur.rowcount
+                deleted = conn.execute(statement, params).fetchone()[0]  # type: ignore[index]
             total += deleted
             if deleted < batch_size:
                 return total
@@ -920,44 +934,53 @@ class Queue:
         batch_size: int = 500,
         max_batches: int = 100,
     ) -> int | None:
-        """Delete the finished jobs that are past their state's retention: the
-        automatic pruner's round.
+        """The automatic pruner's round: create the coming days of the finished jobs'
+        partitions, drop the days past their state's retention, and delete the jobs past
+        it from the DEFAULT partitions (see :mod:`pgqueue.history`).
 
         ``retention`` maps finished states to how long after finishing their jobs are
-        kept; states left out are kept forever. Each batch of at most ``batch_size`` jobs
-        is deleted in a short transaction of its own that holds a transaction-scoped
-        advisory lock, so however many processes call this, one deletes at a time, no
-        lock outlives its transaction (safe behind PgBouncer), and claims never wait
-        behind one long DELETE. The round ends when nothing expired is left, or after
-        ``max_batches`` batches (the next round carries on).
+        kept; states left out are kept forever. A job is dropped with its day, so it is
+        kept for its retention and at most a day more. Each step (a day created or
+        dropped, a batch of at most ``batch_size`` jobs deleted from a DEFAULT
+        partition, at most ``max_batches`` of them) is a short transaction of its own
+        holding a transaction-scoped advisory lock, so however many processes call this,
+        one changes the history at a time, and no lock outlives its transaction (safe
+        behind PgBouncer).
 
-        Returns how many jobs were deleted, or None when another process held the lock
-        before this call deleted anything.
+        Returns how many jobs were removed, or None when another process held the lock
+        before this call removed anything.
         """
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValidationError("batch_size", "must be a positive integer")
         if isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
             raise ValidationError("max_batches", "must be a positive integer")
-        rules = _retention_rules(retention)
+        rules = dict(_retention_rules(retention))
         key = advisory_key("prune", self.schema)
-        total = 0
+
+        def our_turn(conn: psycopg.Connection) -> bool:
+            return conn.execute(self._sql("pruner_try_lock"), {"key": key}).fetchone()[0]  # type: ignore[index]
+
+        with self._connection() as conn:
+            history.create_days(conn, self.schema, our_turn)
+            dropped = history.drop_expired_days(conn, self.schema, rules, our_turn)
+        if dropped is None:
+            return None
+        total = dropped
         batches = 0
-        for state, seconds in rules:
+        for state, seconds in rules.items():
+            statement = queries.compose(
+                "job_prune", self.schema, table=sql.Identifier(history.default_partition(state))
+            )
+            params = {
+                "states": [state.value],
+                "older_than_seconds": seconds,
+                "batch_size": batch_size,
+            }
             while batches < max_batches:
                 with self._connection() as conn:
-                    cur = jsonb.cursor(conn)
-                    cur.execute(self._sql("pruner_try_lock"), {"key": key})
-                    if not cur.fetchone()["locked"]:
-                        return None if batches == 0 else total
-                    cur.execute(
-                        self._sql("job_prune"),
-                        {
-                            "states": [state.value],
-                            "older_than_seconds": seconds,
-                            "batch_size": batch_size,
-                        },
-                    )
-                    deleted = cur.rowcount
+                    if not our_turn(conn):
+                        return total or None
+                    deleted = conn.execute(statement, params).fetchone()[0]  # type: ignore[index]
                 batches += 1
                 total += deleted
                 if deleted < batch_size:
@@ -967,12 +990,11 @@ class Queue:
     # -- observing --------------------------------------------------------------
 
     def metrics_snapshot(self) -> MetricsSnapshot:
-        """Job counts by state, completed and failed attempts, and the start-latency
-        histogram of every queue, all from one snapshot of the rollups that the jobs
-        table's triggers keep (migration 0002), so the cost does not grow with history;
+        """Job counts by state and completed and failed attempts of every queue, from one
+        snapshot (as :meth:`stats` reads them, so the cost does not grow with history);
         and, read right after, the queued jobs no worker is taking (:meth:`unserved`)."""
         with self._connection() as conn:
-            rows = self._rows("queue_metrics_snapshot", conn=conn)
+            rows = self._rows("queue_stats", conn=conn)
             unserved = self.unserved(conn=conn)
         queues = [
             QueueMetrics(
@@ -980,13 +1002,10 @@ class Queue:
                 jobs={state.value: row[state.value] for state in JobState},
                 completed=row["completed"],
                 failures=row["failures"],
-                start_counts=list(row["start_counts"]),
-                start_seconds_sum=row["start_seconds_sum"],
             )
             for row in rows
         ]
-        bounds = list(rows[0]["start_bounds"]) if rows else []
-        return MetricsSnapshot(start_bounds=bounds, queues=queues, unserved=unserved)
+        return MetricsSnapshot(queues=queues, unserved=unserved)
 
     def ping(self, timeout: float = 2.0) -> None:
         """Check that the database answers a query, on a connection of its own, so neither

@@ -1,8 +1,9 @@
 """pytest fixtures for testing pgqueue handlers against a real PostgreSQL.
 
-The server is ``DATABASE_URL`` when set, otherwise the embedded PostgreSQL 18 in
-``./.pgdata`` (started if needed, left running). Every test process gets a database of
-its own and every test a freshly migrated schema, so ``pytest -n auto`` is safe.
+The server is ``DATABASE_URL`` when set, otherwise the project's embedded PostgreSQL 18
+(started if needed, left running): the one ``pgqueue db url`` shows from the same
+directory, found by :func:`pgqueue.embedded.locate`. Every test process gets a database
+of its own and every test a freshly migrated schema, so ``pytest -n auto`` is safe.
 
 Fixtures:
 
@@ -50,7 +51,8 @@ def _process_tag(config: pytest.Config) -> str:
 
 @pytest.fixture(scope="session")
 def pgqueue_server_url() -> str:
-    """The PostgreSQL server under test: DATABASE_URL, else the embedded PostgreSQL."""
+    """The PostgreSQL server under test: DATABASE_URL, else the project's embedded
+    PostgreSQL (PGQUEUE_PGDATA, else the project's .pgdata; see ``pgqueue db status``)."""
     return os.environ.get("DATABASE_URL") or embedded.start()
 
 

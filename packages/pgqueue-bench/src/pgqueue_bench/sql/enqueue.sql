@@ -7,10 +7,10 @@
 -- Parameters use psycopg's %(name)s style.
 
 -- name: plain_table_create
--- The jobs table's columns, defaults, constraints and indexes (the partial claim and
--- idempotency indexes included), without its triggers: what the same rows cost with
+-- The columns, defaults, constraints and indexes of active_jobs (where enqueues go),
+-- the partial claim index included, without its trigger: what the same rows cost with
 -- nothing but PostgreSQL in the way.
-CREATE TABLE {schema}.plain_jobs (LIKE {schema}.jobs INCLUDING ALL);
+CREATE TABLE {schema}.plain_jobs (LIKE {schema}.active_jobs INCLUDING ALL);
 
 -- name: plain_insert_one
 INSERT INTO {schema}.plain_jobs (queue, task, payload)

@@ -3,36 +3,59 @@
 -- holds the job), and reads only the database clock.
 --
 -- Placeholders: {schema} is the quoted schema name, {lock} the row-lock clause of a
--- claim. Parameters use psycopg's %(name)s style.
-
--- name: job_insert
-INSERT INTO {schema}.jobs
-    (queue, task, payload, priority, run_at, max_attempts, timeout_seconds, idempotency_key)
-VALUES
-    (%(queue)s, %(task)s, %(payload)s, %(priority)s,
-     COALESCE(%(run_at)s, now() + make_interval(secs => %(delay_seconds)s)),
-     %(max_attempts)s, %(timeout_seconds)s, %(idempotency_key)s)
-ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-RETURNING *;
-
--- name: job_get_by_idempotency_key
-SELECT * FROM {schema}.jobs WHERE idempotency_key = %(idempotency_key)s;
+-- claim, {channel} the schema's notification channel; the few statements that name a
+-- partition, a filter or a bound have their own, filled by queries.compose. Parameters
+-- use psycopg's %(name)s style.
 
 -- name: job_insert_many
--- Rows go in in request order, so identity values follow it.
-INSERT INTO {schema}.jobs
-    (queue, task, payload, priority, run_at, max_attempts, timeout_seconds, idempotency_key)
+-- Jobs without idempotency keys (the common case: no key to take first). Rows go in
+-- in request order, so ids follow it.
+INSERT INTO {schema}.active_jobs
+    (queue, task, payload, priority, run_at, max_attempts, timeout_seconds)
 SELECT queue, task, payload, priority,
        COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
-       max_attempts, timeout_seconds, idempotency_key
+       max_attempts, timeout_seconds
 FROM unnest(
     %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[], %(priority)s::smallint[],
     %(run_at)s::timestamptz[], %(delay_seconds)s::float8[], %(max_attempts)s::int[],
-    %(timeout_seconds)s::float8[], %(idempotency_key)s::text[]
+    %(timeout_seconds)s::float8[]
 ) WITH ORDINALITY AS item (queue, task, payload, priority, run_at, delay_seconds,
-                           max_attempts, timeout_seconds, idempotency_key, position)
+                           max_attempts, timeout_seconds, position)
 ORDER BY position
-ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+RETURNING *;
+
+-- name: job_insert_many_keyed
+-- Jobs of which some carry an idempotency key: each key is taken in idempotency_keys
+-- for the id its job will have, and only the jobs whose key was free (or that have
+-- none) are inserted. A key already taken, by a job in the table or by an earlier item
+-- of the same statement, inserts nothing for its item. A key another transaction is
+-- taking right now waits for that transaction, then counts as taken if it committed.
+WITH item AS (
+    SELECT nextval('{schema}.job_ids') AS id, item.*
+    FROM unnest(
+        %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[], %(priority)s::smallint[],
+        %(run_at)s::timestamptz[], %(delay_seconds)s::float8[], %(max_attempts)s::int[],
+        %(timeout_seconds)s::float8[], %(idempotency_key)s::text[]
+    ) WITH ORDINALITY AS item (queue, task, payload, priority, run_at, delay_seconds,
+                               max_attempts, timeout_seconds, idempotency_key, position)
+),
+taken AS (
+    INSERT INTO {schema}.idempotency_keys (key, job_id)
+    SELECT idempotency_key, id FROM item
+    WHERE idempotency_key IS NOT NULL
+    ORDER BY position
+    ON CONFLICT (key) DO NOTHING
+    RETURNING job_id
+)
+INSERT INTO {schema}.active_jobs
+    (id, queue, task, payload, priority, run_at, max_attempts, timeout_seconds,
+     idempotency_key)
+SELECT id, queue, task, payload, priority,
+       COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
+       max_attempts, timeout_seconds, idempotency_key
+FROM item
+WHERE idempotency_key IS NULL OR id IN (SELECT job_id FROM taken)
+ORDER BY position
 RETURNING *;
 
 -- name: job_get_many_by_idempotency_key
@@ -50,19 +73,26 @@ SELECT job.*, item.position,
 FROM unnest(%(idempotency_keys)s::text[], %(tasks)s::text[], %(queues)s::text[],
             %(payloads)s::jsonb[])
      WITH ORDINALITY AS item (key, task, queue, payload, position)
-JOIN {schema}.jobs AS job
-  ON job.idempotency_key = item.key AND job.idempotency_key IS NOT NULL;
+JOIN {schema}.idempotency_keys AS taken ON taken.key = item.key
+JOIN {schema}.jobs AS job ON job.id = taken.job_id;
 
 -- name: job_delete_created
 -- Takes back jobs that the caller's own transaction has just inserted (an enqueue_many
--- refused for an idempotency conflict), so that the caller may still commit the rest of
--- its work without them. Nobody else has seen them: they are not committed.
-DELETE FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]);
+-- refused for an idempotency conflict), and their keys, so that the caller may still
+-- commit the rest of its work without them. Nobody else has seen them: they are not
+-- committed.
+WITH gone AS (
+    DELETE FROM {schema}.active_jobs WHERE id = ANY(%(ids)s::bigint[])
+    RETURNING id, idempotency_key
+)
+DELETE FROM {schema}.idempotency_keys AS taken
+USING gone
+WHERE taken.key = gone.idempotency_key AND taken.job_id = gone.id;
 
 -- name: job_claim
 -- queued -> running for up to %(limit)s runnable jobs in claim order. Each claim is a
 -- new attempt with a fresh lease token.
--- One index scan per queue, in jobs_claim_idx order, so a claim reads a handful of
+-- One index scan per queue, in active_jobs_claim_idx order, so a claim reads a handful of
 -- index entries however long the backlog (a single scan over queue = ANY(...) cannot
 -- use the index order, and would sort every queued row). With several queues each
 -- scan locks up to %(limit)s rows and the best %(limit)s overall are claimed; the
@@ -71,7 +101,7 @@ WITH claimable AS (
     SELECT candidate.id
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
     CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM {schema}.jobs
+        SELECT id, priority, run_at FROM {schema}.active_jobs
         WHERE state = 'queued'
           AND queue = wanted.queue
           AND task = ANY(%(tasks)s::text[])
@@ -83,7 +113,7 @@ WITH claimable AS (
     ORDER BY candidate.priority DESC, candidate.run_at, candidate.id
     LIMIT %(limit)s
 )
-UPDATE {schema}.jobs AS job
+UPDATE {schema}.active_jobs AS job
 SET state = 'running',
     -- Saturating: a row written around pgqueue with attempts at the integer limit
     -- still runs (and goes dead if it fails) instead of failing every claim of its
@@ -123,12 +153,12 @@ WITH lease AS (
     SELECT id, token FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS lease (id, token)
 ),
 held AS (
-    SELECT job.id FROM {schema}.jobs AS job JOIN lease USING (id)
+    SELECT job.id FROM {schema}.active_jobs AS job JOIN lease USING (id)
     WHERE job.lease_token = lease.token AND job.state = 'running'
     FOR UPDATE OF job SKIP LOCKED
 ),
 extended AS (
-    UPDATE {schema}.jobs AS job
+    UPDATE {schema}.active_jobs AS job
     SET lease_expires_at = now() + make_interval(secs => %(lease_seconds)s)
     FROM held
     WHERE job.id = held.id
@@ -139,18 +169,19 @@ extended AS (
 SELECT lease.id FROM lease
 WHERE NOT EXISTS (SELECT FROM extended WHERE extended.id = lease.id)
   AND NOT EXISTS (
-      SELECT FROM {schema}.jobs AS job
+      SELECT FROM {schema}.active_jobs AS job
       WHERE job.id = lease.id AND job.lease_token = lease.token AND job.state = 'running'
   );
 
 -- name: job_ack_many
--- running -> succeeded, for the leases still held. Returns one row: the finish time
--- (the transaction's, shared by every ack of the statement) and the positions, counted
--- from 1 in the arrays given, of the outcomes that were refused because their lease was
--- no longer held. Nothing per acked job comes back: the worker already holds the rest
--- of each row. One batch may carry two outcomes of the same job (a stale attempt's and
--- the one that re-claimed it after a cancel and retry, or a reap); only the holder of
--- the current token is acked.
+-- running -> succeeded, for the leases still held: each job moves from active_jobs to
+-- finished_jobs, and its queue's counters grow. Returns one row: the finish time (the
+-- transaction's, shared by every ack of the statement) and the positions, counted from
+-- 1 in the arrays given, of the outcomes that were refused because their lease was no
+-- longer held. Nothing per acked job comes back: the worker already holds the rest of
+-- each row. One batch may carry two outcomes of the same job (a stale attempt's and the
+-- one that re-claimed it after a cancel and retry, or a reap); only the holder of the
+-- current token is acked.
 WITH done AS (
     -- The outcomes arrive as three texts, an id array, a token array and a JSON array
     -- of results, zipped back into rows here: a worker sends thousands a second, and
@@ -164,18 +195,30 @@ WITH done AS (
     ) WITH ORDINALITY AS outcome (id, token, result, position)
 ),
 acked AS (
-    UPDATE {schema}.jobs AS job
-    SET state = 'succeeded',
-        result = done.result,
-        finished_at = now(),
-        -- The errors of earlier attempts stay in errors; last_error is for jobs that
-        -- have not succeeded.
-        last_error = NULL,
-        lease_token = NULL,
-        lease_expires_at = NULL
-    FROM done
+    DELETE FROM {schema}.active_jobs AS job
+    USING done
     WHERE job.id = done.id AND job.lease_token = done.token AND job.state = 'running'
-    RETURNING done.position
+    RETURNING job.*, done.result AS outcome, done.position
+),
+moved AS (
+    -- The errors of earlier attempts stay in errors; last_error is for jobs that have
+    -- not succeeded.
+    INSERT INTO {schema}.finished_jobs
+        (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
+         timeout_seconds, worker_id, enqueued_at, started_at, finished_at, result,
+         idempotency_key, errors)
+    SELECT id, queue, task, payload, priority, 'succeeded', run_at, attempts, max_attempts,
+           timeout_seconds, worker_id, enqueued_at, started_at, now(), outcome,
+           idempotency_key, errors
+    FROM acked
+),
+counted AS (
+    INSERT INTO {schema}.queue_counters AS counter (queue, slot, succeeded, completed)
+    SELECT queue, mod(pg_backend_pid(), 16), count(*), count(*)
+    FROM acked GROUP BY queue ORDER BY queue
+    ON CONFLICT (queue, slot) DO UPDATE
+    SET succeeded = counter.succeeded + excluded.succeeded,
+        completed = counter.completed + excluded.completed
 )
 SELECT now() AS finished_at,
        ARRAY(
@@ -185,113 +228,210 @@ SELECT now() AS finished_at,
        ) AS refused;
 
 -- name: job_fail
--- running -> queued after a backoff, or -> dead once the attempts are used up.
-UPDATE {schema}.jobs AS job
-SET state = CASE WHEN job.attempts >= job.max_attempts
-                 THEN 'dead' ELSE 'queued' END::{schema}.job_state,
-    run_at = CASE WHEN job.attempts >= job.max_attempts
-                  THEN job.run_at ELSE now() + make_interval(secs => %(retry_delay)s) END,
-    finished_at = CASE WHEN job.attempts >= job.max_attempts THEN now() END,
-    last_error = %(error)s,
-    -- Appended to the history in the same UPDATE, the last 20 kept (migration 0006).
-    errors = jsonb_path_query_array(
-        coalesce(job.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
-            'attempt', job.attempts, 'failed_at', now(), 'worker_id', job.worker_id,
-            'error', left(%(error)s, 2000))),
-        '$[last - 19 to last]'),
-    lease_token = NULL,
-    lease_expires_at = NULL
-WHERE job.id = %(id)s AND job.lease_token = %(token)s AND job.state = 'running'
-RETURNING job.*;
+-- running -> queued after a backoff, or -> dead (moved to finished_jobs) once the
+-- attempts are used up. Each branch re-checks the lease on the row it changes, so a
+-- concurrent cancel or reap wins and this changes nothing.
+WITH retried AS (
+    UPDATE {schema}.active_jobs AS job
+    SET state = 'queued',
+        run_at = now() + make_interval(secs => %(retry_delay)s),
+        last_error = %(error)s,
+        errors = {schema}.errors_appended(job.errors, job.attempts, job.worker_id, %(error)s),
+        lease_token = NULL,
+        lease_expires_at = NULL
+    WHERE job.id = %(id)s AND job.lease_token = %(token)s AND job.state = 'running'
+      AND job.attempts < job.max_attempts
+    RETURNING job.*
+),
+buried AS (
+    DELETE FROM {schema}.active_jobs AS job
+    WHERE job.id = %(id)s AND job.lease_token = %(token)s AND job.state = 'running'
+      AND job.attempts >= job.max_attempts
+    RETURNING job.*
+),
+moved AS (
+    INSERT INTO {schema}.finished_jobs
+        (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
+         timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
+         result, idempotency_key, errors)
+    SELECT id, queue, task, payload, priority, 'dead', run_at, attempts, max_attempts,
+           timeout_seconds, worker_id, enqueued_at, started_at, now(), %(error)s,
+           result, idempotency_key,
+           {schema}.errors_appended(errors, attempts, worker_id, %(error)s)
+    FROM buried
+    RETURNING *
+),
+counted AS (
+    INSERT INTO {schema}.queue_counters AS counter (queue, slot, dead, failures)
+    SELECT queue, mod(pg_backend_pid(), 16), count(*) FILTER (WHERE dead), count(*)
+    FROM (SELECT queue, false AS dead FROM retried
+          UNION ALL SELECT queue, true FROM moved) AS failed
+    GROUP BY queue
+    ON CONFLICT (queue, slot) DO UPDATE
+    SET dead = counter.dead + excluded.dead, failures = counter.failures + excluded.failures
+)
+SELECT * FROM retried UNION ALL SELECT * FROM moved;
 
 -- name: job_reap
 -- running -> queued or dead for leases that expired: the attempt counts as failed
 -- and backs off like any other (delay = min(cap, base * 2^(attempt-1)), half of it
 -- random, the same rule as pgqueue.backoff).
 WITH expired AS (
-    SELECT id,
+    SELECT id, attempts >= max_attempts AS used_up,
            'lease expired after ' || to_char(now() - started_at, 'HH24:MI:SS.MS')
            || ' (worker ' || coalesce(worker_id, 'unknown') || ' stopped heartbeating)'
            AS error
-    FROM {schema}.jobs
+    FROM {schema}.active_jobs
     WHERE state = 'running' AND lease_expires_at < now()
     ORDER BY lease_expires_at
     LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
+),
+retried AS (
+    UPDATE {schema}.active_jobs AS job
+    SET state = 'queued',
+        run_at = now() + make_interval(secs =>
+            least(%(cap)s::float8,
+                  %(base)s::float8 * power(2::float8, least(job.attempts - 1, 62)))
+            * (0.5 + random() / 2)),
+        last_error = expired.error,
+        errors = {schema}.errors_appended(job.errors, job.attempts, job.worker_id, expired.error),
+        lease_token = NULL,
+        lease_expires_at = NULL
+    FROM expired
+    WHERE job.id = expired.id AND NOT expired.used_up
+    RETURNING job.*
+),
+buried AS (
+    DELETE FROM {schema}.active_jobs AS job
+    USING expired
+    WHERE job.id = expired.id AND expired.used_up
+    RETURNING job.*, expired.error AS expiry
+),
+moved AS (
+    INSERT INTO {schema}.finished_jobs
+        (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
+         timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
+         result, idempotency_key, errors)
+    SELECT id, queue, task, payload, priority, 'dead', run_at, attempts, max_attempts,
+           timeout_seconds, worker_id, enqueued_at, started_at, now(), expiry,
+           result, idempotency_key,
+           {schema}.errors_appended(errors, attempts, worker_id, expiry)
+    FROM buried
+    RETURNING *
+),
+counted AS (
+    INSERT INTO {schema}.queue_counters AS counter (queue, slot, dead, failures)
+    SELECT queue, mod(pg_backend_pid(), 16), count(*) FILTER (WHERE dead), count(*)
+    FROM (SELECT queue, false AS dead FROM retried
+          UNION ALL SELECT queue, true FROM moved) AS failed
+    GROUP BY queue ORDER BY queue
+    ON CONFLICT (queue, slot) DO UPDATE
+    SET dead = counter.dead + excluded.dead, failures = counter.failures + excluded.failures
 )
-UPDATE {schema}.jobs AS job
-SET state = CASE WHEN job.attempts >= job.max_attempts
-                 THEN 'dead' ELSE 'queued' END::{schema}.job_state,
-    run_at = CASE WHEN job.attempts >= job.max_attempts THEN job.run_at
-                  ELSE now() + make_interval(secs =>
-                      least(%(cap)s::float8,
-                            %(base)s::float8 * power(2::float8, least(job.attempts - 1, 62)))
-                      * (0.5 + random() / 2))
-             END,
-    finished_at = CASE WHEN job.attempts >= job.max_attempts THEN now() END,
-    last_error = expired.error,
-    -- As in job_fail.
-    errors = jsonb_path_query_array(
-        coalesce(job.errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
-            'attempt', job.attempts, 'failed_at', now(), 'worker_id', job.worker_id,
-            'error', left(expired.error, 2000))),
-        '$[last - 19 to last]'),
-    lease_token = NULL,
-    lease_expires_at = NULL
-FROM expired
-WHERE job.id = expired.id
-RETURNING job.*;
+SELECT * FROM retried UNION ALL SELECT * FROM moved;
 
 -- name: job_cancel
--- queued | running -> cancelled. Clearing the lease token fences out a running worker.
-UPDATE {schema}.jobs
-SET state = 'cancelled', finished_at = now(), lease_token = NULL, lease_expires_at = NULL
-WHERE id = %(id)s AND state IN ('queued', 'running')
-RETURNING *;
+-- queued | running -> cancelled, moved to finished_jobs. Taking the row out of
+-- active_jobs fences out a running worker: its outcome finds no lease to finish.
+WITH cancelled AS (
+    DELETE FROM {schema}.active_jobs
+    WHERE id = %(id)s AND state IN ('queued', 'running')
+    RETURNING *
+),
+moved AS (
+    INSERT INTO {schema}.finished_jobs
+        (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
+         timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
+         result, idempotency_key, errors)
+    SELECT id, queue, task, payload, priority, 'cancelled', run_at, attempts, max_attempts,
+           timeout_seconds, worker_id, enqueued_at, started_at, now(), last_error,
+           result, idempotency_key, errors
+    FROM cancelled
+    RETURNING *
+),
+counted AS (
+    INSERT INTO {schema}.queue_counters AS counter (queue, slot, cancelled)
+    SELECT queue, mod(pg_backend_pid(), 16), 1 FROM cancelled
+    ON CONFLICT (queue, slot) DO UPDATE SET cancelled = counter.cancelled + 1
+)
+SELECT * FROM moved;
 
 -- name: job_retry
--- dead | cancelled -> queued, runnable now, with its attempts reset.
-UPDATE {schema}.jobs
-SET state = 'queued', run_at = now(), attempts = 0, finished_at = NULL, result = NULL,
-    lease_token = NULL, lease_expires_at = NULL, worker_id = NULL
-WHERE id = %(id)s AND state IN ('dead', 'cancelled')
-RETURNING *;
+-- dead | cancelled -> queued, moved back to active_jobs, runnable now, with its
+-- attempts reset. Its errors history and last_error stay.
+WITH revived AS (
+    DELETE FROM {schema}.finished_jobs
+    WHERE id = %(id)s AND state IN ('dead', 'cancelled')
+    RETURNING *
+),
+requeued AS (
+    INSERT INTO {schema}.active_jobs
+        (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
+         timeout_seconds, enqueued_at, started_at, last_error, idempotency_key, errors)
+    SELECT id, queue, task, payload, priority, 'queued', now(), 0, max_attempts,
+           timeout_seconds, enqueued_at, started_at, last_error, idempotency_key, errors
+    FROM revived
+    RETURNING *
+),
+counted AS (
+    INSERT INTO {schema}.queue_counters AS counter (queue, slot, dead, cancelled)
+    SELECT queue, mod(pg_backend_pid(), 16),
+           -count(*) FILTER (WHERE state = 'dead'), -count(*) FILTER (WHERE state = 'cancelled')
+    FROM revived GROUP BY queue
+    ON CONFLICT (queue, slot) DO UPDATE
+    SET dead = counter.dead + excluded.dead, cancelled = counter.cancelled + excluded.cancelled
+)
+SELECT * FROM requeued;
 
 -- name: job_get
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
 
 -- name: job_list
--- Newest first; %(after)s is the id of the last job of the previous page.
+-- Newest first; {filters} holds one "AND column = %(column)s" per filter given (see
+-- Queue.list), so that a state filter prunes finished_jobs' partitions.
 SELECT * FROM {schema}.jobs
-WHERE (%(queue)s::text IS NULL OR queue = %(queue)s)
-  AND (%(state)s::text IS NULL OR state = %(state)s::{schema}.job_state)
-  AND (%(task)s::text IS NULL OR task = %(task)s)
-  AND (%(after)s::bigint IS NULL OR id < %(after)s)
+WHERE true {filters}
 ORDER BY id DESC
 LIMIT %(limit)s;
 
 -- name: queue_stats
--- Counts per queue and state from the rollups (migration 0002), so the cost does not
--- grow with history, and the age of the oldest runnable job from the claim index.
--- One statement, so one snapshot.
-WITH counts AS (
+-- Counts per queue and state, and the age of the oldest runnable job, in one statement,
+-- so one snapshot. Queued and running jobs are counted in active_jobs, which holds no
+-- history; finished ones come from the counters the finishing statements keep.
+WITH active AS (
     SELECT queue,
-           sum(queued)::bigint AS queued,
-           sum(running)::bigint AS running,
-           sum(succeeded)::bigint AS succeeded,
-           sum(dead)::bigint AS dead,
-           sum(cancelled)::bigint AS cancelled
-    FROM {schema}.queue_rollups
+           count(*) FILTER (WHERE state = 'queued') AS queued,
+           count(*) FILTER (WHERE state = 'running') AS running,
+           extract(epoch FROM now() - min(run_at) FILTER (
+               WHERE state = 'queued' AND run_at <= now()))::float8
+               AS oldest_runnable_age_seconds
+    FROM {schema}.active_jobs
+    GROUP BY queue
+),
+finished AS (
+    SELECT queue, sum(succeeded) AS succeeded, sum(dead) AS dead,
+           sum(cancelled) AS cancelled, sum(completed) AS completed,
+           sum(failures) AS failures
+    FROM {schema}.queue_counters
     GROUP BY queue
 )
-SELECT counts.*,
-       (SELECT extract(epoch FROM now() - min(job.run_at))::float8
-        FROM {schema}.jobs AS job
-        WHERE job.state = 'queued' AND job.queue = counts.queue AND job.run_at <= now())
-           AS oldest_runnable_age_seconds
-FROM counts
-WHERE counts.queued + counts.running + counts.succeeded + counts.dead + counts.cancelled > 0
-ORDER BY counts.queue;
+SELECT queue,
+       coalesce(active.queued, 0)::bigint AS queued,
+       coalesce(active.running, 0)::bigint AS running,
+       coalesce(finished.succeeded, 0)::bigint AS succeeded,
+       coalesce(finished.dead, 0)::bigint AS dead,
+       coalesce(finished.cancelled, 0)::bigint AS cancelled,
+       coalesce(finished.completed, 0)::bigint AS completed,
+       coalesce(finished.failures, 0)::bigint AS failures,
+       active.oldest_runnable_age_seconds
+FROM active FULL JOIN finished USING (queue)
+-- A queue whose jobs were all pruned still has counters that must not vanish.
+WHERE coalesce(active.queued, 0) + coalesce(active.running, 0)
+      + coalesce(finished.succeeded, 0) + coalesce(finished.dead, 0)
+      + coalesce(finished.cancelled, 0) + coalesce(finished.completed, 0)
+      + coalesce(finished.failures, 0) > 0
+ORDER BY queue;
 
 -- name: jobs_unserved
 -- Per queue and task, the queued jobs that have been runnable (and enqueued) for longer
@@ -299,22 +439,22 @@ ORDER BY counts.queue;
 -- takes, most likely because no running worker serves their task in their queue (a
 -- misspelt task name, a handler that was removed, a queue nobody serves), or because
 -- the workers that do have been busy with other jobs all that time.
--- Cheap however much history the table holds, and bounded however long the backlog:
--- the queued jobs come from jobs_claim_idx (queued rows only), in claim order, at most
--- %(limit)s per queue (jobs nobody claims stay at the head of their queue, as claims go
--- past them), and the running ones from jobs_running_idx.
+-- Bounded however long the backlog: the queued jobs come from active_jobs_claim_idx, in
+-- claim order, at most %(limit)s per queue (jobs nobody claims stay at the head of
+-- their queue, as claims go past them), and the running ones from
+-- active_jobs_running_idx.
 WITH waiting_queues AS (
-    SELECT queue FROM {schema}.queue_rollups GROUP BY queue HAVING sum(queued) > 0
+    SELECT DISTINCT queue FROM {schema}.active_jobs WHERE state = 'queued'
 ),
 -- Read once, not once per queue.
 running AS MATERIALIZED (
-    SELECT DISTINCT queue, task FROM {schema}.jobs WHERE state = 'running'
+    SELECT DISTINCT queue, task FROM {schema}.active_jobs WHERE state = 'running'
 ),
 waiting AS (
     SELECT waited.queue, waited.task
     FROM waiting_queues
     CROSS JOIN LATERAL (
-        SELECT job.queue, job.task FROM {schema}.jobs AS job
+        SELECT job.queue, job.task FROM {schema}.active_jobs AS job
         WHERE job.state = 'queued'
           AND job.queue = waiting_queues.queue
           AND job.run_at <= now() - make_interval(secs => %(after_seconds)s)
@@ -333,15 +473,41 @@ GROUP BY queue, task
 ORDER BY queue, task;
 
 -- name: job_prune
--- Deletes one batch of finished jobs older than the cutoff; run until it deletes none.
-DELETE FROM {schema}.jobs
-WHERE id IN (
-    SELECT id FROM {schema}.jobs
-    WHERE state = ANY(%(states)s::{schema}.job_state[])
+-- Deletes one batch of finished jobs older than the cutoff, frees their idempotency
+-- keys and takes them off their queues' counters; run until it deletes fewer than the
+-- batch. {table} is finished_jobs for pruning by hand (Queue.prune), or one of its
+-- DEFAULT partitions: retention drops whole days instead (see pgqueue.history).
+WITH gone AS (
+    DELETE FROM {schema}.{table}
+    WHERE id IN (
+        SELECT id FROM {schema}.{table}
+        WHERE state = ANY(%(states)s::{schema}.job_state[])
+          AND finished_at < now() - make_interval(secs => %(older_than_seconds)s)
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED
+    )
+      AND state = ANY(%(states)s::{schema}.job_state[])
       AND finished_at < now() - make_interval(secs => %(older_than_seconds)s)
-    LIMIT %(batch_size)s
-    FOR UPDATE SKIP LOCKED
-);
+    RETURNING id, queue, state, idempotency_key
+),
+freed AS (
+    DELETE FROM {schema}.idempotency_keys AS taken
+    USING gone
+    WHERE taken.key = gone.idempotency_key AND taken.job_id = gone.id
+),
+counted AS (
+    INSERT INTO {schema}.queue_counters AS counter (queue, slot, succeeded, dead, cancelled)
+    SELECT queue, mod(pg_backend_pid(), 16),
+           -count(*) FILTER (WHERE state = 'succeeded'),
+           -count(*) FILTER (WHERE state = 'dead'),
+           -count(*) FILTER (WHERE state = 'cancelled')
+    FROM gone GROUP BY queue ORDER BY queue
+    ON CONFLICT (queue, slot) DO UPDATE
+    SET succeeded = counter.succeeded + excluded.succeeded,
+        dead = counter.dead + excluded.dead,
+        cancelled = counter.cancelled + excluded.cancelled
+)
+SELECT count(*) AS deleted FROM gone;
 
 -- name: reaper_try_lock
 -- Transaction-scoped, so it is safe behind PgBouncer; the reap runs in the same transaction.
@@ -362,47 +528,13 @@ CREATE TABLE IF NOT EXISTS {schema}.migrations (
 );
 
 -- name: migration_applied
-SELECT version FROM {schema}.migrations ORDER BY version;
+SELECT version, name FROM {schema}.migrations ORDER BY version;
 
 -- name: migration_record
 INSERT INTO {schema}.migrations (version, name) VALUES (%(version)s, %(name)s);
 
 -- name: database_now
 SELECT now() AS now;
-
--- name: queue_metrics_snapshot
--- Every queue's gauges, counters and start-latency histogram, from the rollups that
--- migration 0002's triggers keep, in one statement so they all come from one snapshot.
--- start_counts holds one count per bound of start_bounds, in order, not cumulative.
-WITH totals AS (
-    SELECT queue,
-           sum(queued)::bigint AS queued,
-           sum(running)::bigint AS running,
-           sum(succeeded)::bigint AS succeeded,
-           sum(dead)::bigint AS dead,
-           sum(cancelled)::bigint AS cancelled,
-           sum(completed)::bigint AS completed,
-           sum(failures)::bigint AS failures
-    FROM {schema}.queue_rollups
-    GROUP BY queue
-),
-latency AS (
-    SELECT queue, le, sum(starts)::bigint AS starts, sum(seconds_sum) AS seconds_sum
-    FROM {schema}.start_latency_buckets
-    GROUP BY queue, le
-)
-SELECT totals.*,
-       histogram.start_counts,
-       histogram.start_seconds_sum,
-       {schema}.start_latency_bounds() AS start_bounds
-FROM totals
-CROSS JOIN LATERAL (
-    SELECT array_agg(coalesce(latency.starts, 0) ORDER BY bound.position) AS start_counts,
-           coalesce(sum(latency.seconds_sum), 0)::float8 AS start_seconds_sum
-    FROM unnest({schema}.start_latency_bounds()) WITH ORDINALITY AS bound (le, position)
-    LEFT JOIN latency ON latency.queue = totals.queue AND latency.le = bound.le
-) AS histogram
-ORDER BY totals.queue;
 
 -- name: database_ping
 -- The health check: the server answers a query.
@@ -411,17 +543,77 @@ SELECT 1 AS ok;
 -- name: job_next_run_delay
 -- Seconds until the next job this worker could claim becomes runnable (zero or less:
 -- one is runnable now), on the database clock, so a worker sleeps exactly until then.
-SELECT extract(epoch FROM min(run_at) - now())::float8 AS seconds FROM {schema}.jobs
+SELECT extract(epoch FROM min(run_at) - now())::float8 AS seconds FROM {schema}.active_jobs
 WHERE state = 'queued'
   AND queue = ANY(%(queues)s::text[])
   AND task = ANY(%(tasks)s::text[]);
 
 -- name: jobs_listen
--- Subscribes the session to the channel the insert and requeue triggers notify.
+-- Subscribes the session to the channel the insert trigger of active_jobs notifies.
 LISTEN {channel};
 
 -- name: pruner_try_lock
 -- The automatic pruner's turn: transaction-scoped, like the reaper's, so it is safe
--- behind PgBouncer; one batch of job_prune runs in the same transaction, so however many
--- workers run a pruner, one deletes at a time.
+-- behind PgBouncer; each of its steps (a day created or dropped, a batch deleted from a
+-- DEFAULT partition) runs in the same transaction, so however many workers run a
+-- pruner, one changes the history at a time.
 SELECT pg_try_advisory_xact_lock(%(key)s) AS locked;
+
+-- name: history_days
+-- The day partitions of finished_jobs: per finished state, the partitions named
+-- finished_jobs_<state>_pYYYYMMDD that pgqueue.history created (and the DEFAULT ones,
+-- which it leaves alone).
+SELECT child.relname AS name, parent.relname AS parent
+FROM pg_inherits
+JOIN pg_class AS child ON child.oid = pg_inherits.inhrelid
+JOIN pg_class AS parent ON parent.oid = pg_inherits.inhparent
+JOIN pg_namespace AS ns ON ns.oid = parent.relnamespace
+WHERE ns.nspname = %(schema)s
+  AND parent.relname IN ('finished_jobs_succeeded', 'finished_jobs_dead',
+                         'finished_jobs_cancelled')
+ORDER BY child.relname;
+
+-- name: history_step_lock
+-- A short wait for the table locks of a partition change, instead of queueing every
+-- ack behind it while a long query on the history runs: the step is tried again next
+-- round.
+SELECT set_config('lock_timeout', '2s', true) AS lock_timeout;
+
+-- name: history_day_create
+-- One day of one state's finished jobs, [start, end) in UTC. Fails (check_violation)
+-- while that state's DEFAULT partition holds rows of that day; they stay there.
+CREATE TABLE IF NOT EXISTS {schema}.{partition}
+    PARTITION OF {schema}.{parent}
+    FOR VALUES FROM ({start}) TO ({end});
+
+-- name: history_day_lock
+-- Nothing may finish into, or retry out of, a day while it is counted and dropped.
+LOCK TABLE {schema}.{partition} IN ACCESS EXCLUSIVE MODE;
+
+-- name: history_day_release
+-- Before a day is dropped: its jobs' idempotency keys are freed and its jobs taken off
+-- their queues' counters. Reads the day once.
+WITH day AS (
+    SELECT id, queue, state, idempotency_key FROM {schema}.{partition}
+),
+freed AS (
+    DELETE FROM {schema}.idempotency_keys AS taken
+    USING day
+    WHERE taken.key = day.idempotency_key AND taken.job_id = day.id
+),
+counted AS (
+    INSERT INTO {schema}.queue_counters AS counter (queue, slot, succeeded, dead, cancelled)
+    SELECT queue, mod(pg_backend_pid(), 16),
+           -count(*) FILTER (WHERE state = 'succeeded'),
+           -count(*) FILTER (WHERE state = 'dead'),
+           -count(*) FILTER (WHERE state = 'cancelled')
+    FROM day GROUP BY queue ORDER BY queue
+    ON CONFLICT (queue, slot) DO UPDATE
+    SET succeeded = counter.succeeded + excluded.succeeded,
+        dead = counter.dead + excluded.dead,
+        cancelled = counter.cancelled + excluded.cancelled
+)
+SELECT count(*) AS jobs FROM day;
+
+-- name: history_day_drop
+DROP TABLE {schema}.{partition};

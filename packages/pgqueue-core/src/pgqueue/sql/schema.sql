@@ -1,0 +1,186 @@
+-- pgqueue's current schema: what `pgqueue migrate` creates in a new database.
+--
+-- A database created by an earlier version is brought here by the numbered upgrade
+-- migrations in migrations/, applied in order; a test builds one database from this
+-- file and one from migrations/0001_baseline.sql plus every upgrade, and requires the
+-- two to be identical. Change this file and add an upgrade migration together.
+--
+-- {schema} is replaced by the quoted schema name.
+--
+-- Where jobs live:
+-- - active_jobs holds the jobs that are not finished (queued, running). It is the only
+--   table that claims, heartbeats and the reaper read or write, so it stays as small as
+--   the backlog, however much history is kept.
+-- - finished_jobs holds succeeded, dead and cancelled jobs. A job moves there in the
+--   statement that finishes it (ack, last failure, cancel, reap), and back into
+--   active_jobs when it is retried. It is partitioned by state, then by day of
+--   finished_at, so that retention drops whole partitions (no DELETE, no dead rows).
+-- - jobs is a view of both, for reading any job by id or listing them.
+
+CREATE TYPE {schema}.job_state AS ENUM (
+    'queued',     -- waiting for run_at; moved in by enqueue, a failed attempt, the reaper, or retry
+    'running',    -- claimed under a lease; moved out by ack, fail, cancel or the reaper
+    'succeeded',  -- acked; final
+    'dead',       -- failed max_attempts times; retry moves it back to queued
+    'cancelled'   -- cancelled while queued or running; retry moves it back to queued
+);
+
+-- Job ids, shared by both tables: a job keeps its id when it moves between them.
+CREATE SEQUENCE {schema}.job_ids AS bigint;
+
+CREATE TABLE {schema}.active_jobs (
+    id               bigint PRIMARY KEY DEFAULT nextval('{schema}.job_ids'),
+    queue            text NOT NULL,
+    task             text NOT NULL,
+    payload          jsonb NOT NULL,
+    priority         smallint NOT NULL DEFAULT 0,
+    state            {schema}.job_state NOT NULL DEFAULT 'queued'
+                     CHECK (state IN ('queued', 'running')),
+    run_at           timestamptz NOT NULL DEFAULT now(),
+    attempts         integer NOT NULL DEFAULT 0,
+    max_attempts     integer NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
+    timeout_seconds  double precision CHECK (timeout_seconds > 0),
+    lease_token      uuid,
+    lease_expires_at timestamptz,
+    worker_id        text,
+    enqueued_at      timestamptz NOT NULL DEFAULT now(),
+    started_at       timestamptz,
+    finished_at      timestamptz,
+    last_error       text,
+    result           jsonb,
+    idempotency_key  text,
+    -- The latest failed attempts, oldest first, at most 20: one object each with
+    -- attempt, failed_at, worker_id and error (cut to 2,000 characters). NULL until an
+    -- attempt fails: most jobs never do, and NULL costs nothing to store or read.
+    errors           jsonb
+) WITH (
+    -- Every job is updated while it runs (claim, heartbeats). Heartbeats touch only
+    -- lease_expires_at, which no index references, so they can be HOT updates that stay
+    -- on the same page and add no index entries: keep 20% of each page free for them.
+    fillfactor = 80,
+    -- Every job passes through this table and leaves it: vacuum after 1% of it (plus a
+    -- floor) has changed instead of the default 20%, so dead rows never pile up in the
+    -- claim path, and do not let the vacuum's cost throttle make it fall behind.
+    autovacuum_vacuum_scale_factor = 0.01,
+    autovacuum_vacuum_threshold = 1000,
+    autovacuum_vacuum_insert_scale_factor = 0.05,
+    autovacuum_analyze_scale_factor = 0.02,
+    autovacuum_vacuum_cost_delay = 1
+);
+
+-- The claim path reads only queued rows, in claim order.
+CREATE INDEX active_jobs_claim_idx ON {schema}.active_jobs (queue, priority DESC, run_at, id)
+    WHERE state = 'queued';
+
+-- The reaper reads only running rows. lease_expires_at is deliberately not indexed
+-- (see fillfactor above); the running set is as small as the workers' slots.
+CREATE INDEX active_jobs_running_idx ON {schema}.active_jobs (id)
+    WHERE state = 'running';
+
+-- The same columns, in the same order, so a job moves with INSERT ... SELECT and the
+-- jobs view is a plain UNION ALL. Partitioned by state (list), each state by day of
+-- finished_at (range); see pgqueue.history for who creates and drops the days.
+CREATE TABLE {schema}.finished_jobs (
+    id               bigint NOT NULL,
+    queue            text NOT NULL,
+    task             text NOT NULL,
+    payload          jsonb NOT NULL,
+    priority         smallint NOT NULL,
+    state            {schema}.job_state NOT NULL,
+    run_at           timestamptz NOT NULL,
+    attempts         integer NOT NULL,
+    max_attempts     integer NOT NULL,
+    timeout_seconds  double precision,
+    lease_token      uuid,
+    lease_expires_at timestamptz,
+    worker_id        text,
+    enqueued_at      timestamptz NOT NULL,
+    started_at       timestamptz,
+    finished_at      timestamptz NOT NULL,
+    last_error       text,
+    result           jsonb,
+    idempotency_key  text,
+    errors           jsonb
+) PARTITION BY LIST (state);
+
+-- Each state's days. A DEFAULT partition takes any row no day covers (a day not
+-- created yet because no worker maintained the partitions, a finished_at set by hand),
+-- so finishing a job never fails for want of a partition.
+CREATE TABLE {schema}.finished_jobs_succeeded PARTITION OF {schema}.finished_jobs
+    FOR VALUES IN ('succeeded') PARTITION BY RANGE (finished_at);
+CREATE TABLE {schema}.finished_jobs_succeeded_default
+    PARTITION OF {schema}.finished_jobs_succeeded DEFAULT;
+CREATE TABLE {schema}.finished_jobs_dead PARTITION OF {schema}.finished_jobs
+    FOR VALUES IN ('dead') PARTITION BY RANGE (finished_at);
+CREATE TABLE {schema}.finished_jobs_dead_default
+    PARTITION OF {schema}.finished_jobs_dead DEFAULT;
+CREATE TABLE {schema}.finished_jobs_cancelled PARTITION OF {schema}.finished_jobs
+    FOR VALUES IN ('cancelled') PARTITION BY RANGE (finished_at);
+CREATE TABLE {schema}.finished_jobs_cancelled_default
+    PARTITION OF {schema}.finished_jobs_cancelled DEFAULT;
+
+-- Reading a job by id, and listing newest first. Not unique: a unique index on a
+-- partitioned table must hold the partition keys; the sequence keeps ids unique.
+CREATE INDEX finished_jobs_id_idx ON {schema}.finished_jobs (id);
+-- Listing one queue's finished jobs, newest first.
+CREATE INDEX finished_jobs_queue_idx ON {schema}.finished_jobs (queue, id);
+
+-- Every job, wherever it is. Read-only: jobs change through pgqueue's statements.
+CREATE VIEW {schema}.jobs AS
+    SELECT * FROM {schema}.active_jobs
+    UNION ALL
+    SELECT * FROM {schema}.finished_jobs;
+
+-- Idempotency keys, held from enqueue until the job is pruned, wherever the job is:
+-- a key cannot be unique across partitions and two tables any other way. Enqueue
+-- inserts the key first, in the same statement as the job.
+CREATE TABLE {schema}.idempotency_keys (
+    key    text PRIMARY KEY,
+    job_id bigint NOT NULL
+);
+
+-- How many finished jobs each queue holds, and how many attempts ever succeeded or
+-- failed, written by the statements that finish, fail, retry and prune jobs (not by
+-- triggers), so reading them costs the same however much history is kept. Each
+-- session adds to its own slot (its backend pid modulo 16): concurrent writers rarely
+-- wait for each other's row, and a reader sums the slots.
+CREATE TABLE {schema}.queue_counters (
+    queue     text NOT NULL,
+    slot      smallint NOT NULL,
+    succeeded bigint NOT NULL DEFAULT 0,  -- jobs now in finished_jobs, by state
+    dead      bigint NOT NULL DEFAULT 0,
+    cancelled bigint NOT NULL DEFAULT 0,
+    completed bigint NOT NULL DEFAULT 0,  -- attempts that succeeded, ever
+    failures  bigint NOT NULL DEFAULT 0,  -- attempts that failed or expired, ever
+    PRIMARY KEY (queue, slot)
+);
+
+-- New runnable jobs wake listening workers. The notification names the queue only,
+-- never the payload, and is delivered when the enqueuing transaction commits. A retried
+-- job comes back by an INSERT too, so it wakes them as well.
+CREATE FUNCTION {schema}.notify_jobs_inserted() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(TG_TABLE_SCHEMA || '_jobs', q.queue)
+    FROM (SELECT DISTINCT queue FROM inserted_jobs) AS q;
+    RETURN NULL;
+END;
+$$;
+
+CREATE TRIGGER active_jobs_notify_insert
+    AFTER INSERT ON {schema}.active_jobs
+    REFERENCING NEW TABLE AS inserted_jobs
+    FOR EACH STATEMENT EXECUTE FUNCTION {schema}.notify_jobs_inserted();
+
+-- A job's error history with one more failed attempt, the last 20 kept, each error cut
+-- to 2,000 characters, so a job that fails forever stays a row of bounded size.
+CREATE FUNCTION {schema}.errors_appended(
+    errors jsonb, attempt integer, worker_id text, error text
+) RETURNS jsonb
+LANGUAGE sql STABLE AS $$
+    SELECT jsonb_path_query_array(
+        coalesce(errors, '[]'::jsonb) || jsonb_build_array(jsonb_build_object(
+            'attempt', attempt, 'failed_at', now(), 'worker_id', worker_id,
+            'error', left(error, 2000))),
+        '$[last - 19 to last]')
+$$;

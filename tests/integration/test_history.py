@@ -1,0 +1,133 @@
+"""The finished jobs' history: jobs move out of active_jobs when they finish and back when
+retried, are counted without triggers, and retention drops whole days."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgqueue import JobState, Queue, history, queries
+from pgqueue.errors import JobNotFound
+
+
+def _count(db: psycopg.Connection, schema: str, table: str) -> int:
+    return db.execute(
+        sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, table))
+    ).fetchone()[0]
+
+
+def _finished(queue: Queue, count: int, *, key_prefix: str) -> list[int]:
+    ids = []
+    for n in range(count):
+        queue.enqueue("t", {"n": n}, queue="old", idempotency_key=f"{key_prefix}-{n}")
+        (job,) = queue.claim(["old"], ["t"])
+        queue.ack(job, {"n": n})
+        ids.append(job.id)
+    return ids
+
+
+def test_finishing_moves_a_job_out_of_the_active_table_and_retry_brings_it_back(
+    queue: Queue, db, schema
+):
+    job = queue.enqueue("t", max_attempts=1).job
+    assert _count(db, schema, "active_jobs") == 1
+    (claimed,) = queue.claim(["default"], ["t"])
+    dead = queue.fail(claimed, "boom")
+
+    assert dead.state is JobState.DEAD
+    assert _count(db, schema, "active_jobs") == 0
+    assert _count(db, schema, "finished_jobs_dead") == 1
+    assert queue.get(job.id) == dead
+
+    retried = queue.retry(job.id)
+    assert retried.state is JobState.QUEUED and retried.id == job.id
+    assert retried.errors == dead.errors and retried.last_error == "boom"
+    assert _count(db, schema, "finished_jobs") == 0
+    counts = {s.queue: s.counts for s in queue.stats()}["default"]
+    assert counts == {"queued": 1, "running": 0, "succeeded": 0, "dead": 0, "cancelled": 0}
+
+
+def test_counts_follow_every_move_without_triggers(queue: Queue, db, schema):
+    assert (
+        db.execute(
+            "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND NOT t.tgisinternal AND c.relname <> 'active_jobs'",
+            (schema,),
+        ).fetchone()[0]
+        == 0
+    )
+    ids = [queue.enqueue("t", max_attempts=2).job.id for _ in range(6)]
+    first, second, third, fourth = queue.claim(["default"], ["t"], limit=4)
+    queue.ack(first, None)
+    queue.fail(second, "again")  # back to queued
+    queue.cancel(third.id)
+    queue.cancel(ids[5])  # cancelled while queued
+    queue.retry(ids[5])
+    queue.ack(fourth, None)
+
+    stats = {s.queue: s.counts for s in queue.stats()}["default"]
+    assert stats == {"queued": 3, "running": 0, "succeeded": 2, "dead": 0, "cancelled": 1}
+    (metrics,) = queue.metrics_snapshot().queues
+    assert (metrics.completed, metrics.failures) == (2, 1)
+
+
+def test_a_day_past_its_retention_is_dropped_whole_with_its_keys_and_counts(
+    queue: Queue, db, schema
+):
+    old = _finished(queue, 3, key_prefix="old")
+    recent = _finished(queue, 1, key_prefix="recent")
+    today = db.execute("SELECT (now() AT TIME ZONE 'UTC')::date").fetchone()[0]
+    day = history.Day(JobState.SUCCEEDED, today - timedelta(days=10))
+    db.execute(
+        queries.compose(
+            "history_day_create",
+            schema,
+            partition=sql.Identifier(day.name),
+            parent=sql.Identifier(day.parent),
+            start=sql.Literal(day.end - timedelta(days=1)),
+            end=sql.Literal(day.end),
+        )
+    )
+    # As if the three had finished that day: they move into its partition.
+    db.execute(
+        sql.SQL("UPDATE {} SET finished_at = %s WHERE id = ANY(%s)").format(
+            sql.Identifier(schema, "finished_jobs")
+        ),
+        (day.end - timedelta(hours=12), old),
+    )
+    assert _count(db, schema, day.name) == 3
+
+    removed = queue.prune_expired({JobState.SUCCEEDED: timedelta(days=7)})
+
+    assert removed == 3
+    assert db.execute("SELECT to_regclass(%s)", (f"{schema}.{day.name}",)).fetchone()[0] is None
+    for job_id in old:
+        with pytest.raises(JobNotFound):
+            queue.get(job_id)
+    assert queue.get(recent[0]).state is JobState.SUCCEEDED
+    assert {s.queue: s.counts["succeeded"] for s in queue.stats()}["old"] == 1
+    # The dropped jobs' idempotency keys are free again; the kept job's is not.
+    assert queue.enqueue("t", {"n": 0}, queue="old", idempotency_key="old-0").created
+    assert not queue.enqueue("t", {"n": 0}, queue="old", idempotency_key="recent-0").created
+
+
+def test_the_coming_days_exist_after_migrating_and_a_pruner_round(queue: Queue, db, schema):
+    found, today, _ = history.days(db, schema)
+    expected = {
+        (state, today + timedelta(days=n))
+        for state in (JobState.SUCCEEDED, JobState.DEAD, JobState.CANCELLED)
+        for n in range(history.DAYS_AHEAD)
+    }
+    assert {(d.state, d.day) for d in found} == expected
+    queue.prune_expired({JobState.SUCCEEDED: timedelta(days=7)})
+    assert {(d.state, d.day) for d in history.days(db, schema)[0]} == expected
+    # Jobs finishing now land in today's partition, not the DEFAULT one.
+    job = queue.enqueue("t").job
+    queue.ack(queue.claim(["default"], ["t"])[0], None)
+    assert _count(db, schema, history.Day(JobState.SUCCEEDED, today).name) == 1
+    assert _count(db, schema, history.default_partition(JobState.SUCCEEDED)) == 0
+    assert queue.get(job.id).state is JobState.SUCCEEDED
