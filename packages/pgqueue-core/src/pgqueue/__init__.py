@@ -16,7 +16,7 @@ from pgqueue.hookspecs import hookimpl
 from pgqueue.job import EnqueueResult, Job, JobState, Lease
 from pgqueue.migrations import migrate
 from pgqueue.plugins import LifecycleHooks, TaskHandler, collect_tasks, get_plugin_manager
-from pgqueue.queue import AckBatch, JobPage, JobSpec, Queue, QueueStats
+from pgqueue.queue import AckBatch, JobPage, JobSpec, Queue, QueueStats, Waiter
 
 __all__ = [
     "AckBatch",
@@ -39,6 +39,7 @@ __all__ = [
     "QueueStats",
     "TaskHandler",
     "ValidationError",
+    "Waiter",
     "backoff_seconds",
     "collect_tasks",
     "get_plugin_manager",

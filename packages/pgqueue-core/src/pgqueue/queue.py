@@ -127,6 +127,19 @@ class JobSpec:
         }
 
 
+class Waiter(NamedTuple):
+    """A worker that LISTENs for new jobs, as its claims name it: a claim that comes back
+    short records it as waiting on its queues for ``seconds`` (until its next claim), and
+    only enqueues into queues with a waiter send a notification (see ``job_claim``)."""
+
+    key: str
+    """Unique to the worker (and, in a worker claiming for several sets of tasks, to
+    the set)."""
+    seconds: float
+    """How long the record lasts without another claim: longer than the worker's poll
+    interval, so a waiting worker's claims keep it alive."""
+
+
 @dataclass(frozen=True)
 class AckBatch:
     """What ``ack_many`` wrote: succeeded jobs, jobs whose result could not be stored
@@ -522,17 +535,21 @@ class Queue:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         worker_id: str | None = None,
         mode: str = "skip-locked",
+        waiter: Waiter | None = None,
     ) -> list[Job]:
         """Claim up to ``limit`` runnable jobs of ``tasks`` in ``queues``, in one statement.
 
         Jobs come in claim order (priority DESC, run_at, id), each with a fresh
         ``lease_token`` valid for ``lease_seconds`` until a heartbeat extends it.
 
+        A caller that LISTENs (see :meth:`listen`) passes a ``waiter``: enqueues notify
+        only queues that a waiter's last claim found short of jobs.
+
         Runs no hook: ``on_start`` belongs to whoever runs the handler, when it starts
         (the Worker does; a loop of your own may call
         ``queue.hooks.call("on_start", job=job)``).
         """
-        params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode)
+        params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode, waiter)
         if params is None:
             return []
         with self._connection() as conn:
@@ -551,6 +568,12 @@ class Queue:
         a worker whose clock is off still wakes on time; None when none is queued."""
         rows = self._rows("job_next_run_delay", {"queues": list(queues), "tasks": list(tasks)})
         return rows[0]["seconds"] if rows else None
+
+    def forget_waiters(self, waiters: Iterable[Waiter]) -> None:
+        """Stop counting ``waiters`` as waiting for jobs (a worker that stops)."""
+        keys = [waiter.key for waiter in waiters]
+        if keys:
+            self._rows("waiters_forget", {"waiters": keys})
 
     def listen(self, conn: psycopg.Connection) -> None:
         """Subscribe ``conn`` to this schema's new-job notifications. Each notification's
@@ -618,6 +641,7 @@ class Queue:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
         worker_id: str | None = None,
         mode: str = "skip-locked",
+        waiter: Waiter | None = None,
     ) -> tuple[AckBatch, list[Job]]:
         """``ack_many(outcomes)`` and ``claim(queues, tasks, limit, ...)`` in one
         transaction, sent to the server in one pipeline: a busy worker pays one commit
@@ -627,7 +651,7 @@ class Queue:
         commit; the claimed ones get no hook here (see :meth:`claim`).
         """
         storable, unstorable = _split_storable(outcomes, self.max_result_bytes)
-        params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode)
+        params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode, waiter)
         written: _AckWritten | None = None
         claimed: list[Job] = []
         if storable or params is not None:
@@ -768,6 +792,8 @@ class Queue:
                 {"limit": limit, "base": self.retry_base, "cap": self.retry_cap},
             )
             reaped = [Job.from_row(row) for row in cur.fetchall()]
+            # And the waiting records of workers that stopped without removing them.
+            cur.execute(self._sql("waiters_expired_delete"))
         for job in reaped:
             self._notify_failed(job, job.last_error or "lease expired")
         return reaped
@@ -1028,6 +1054,7 @@ def _claim_params(
     lease_seconds: float,
     worker_id: str | None,
     mode: str,
+    waiter: Waiter | None = None,
 ) -> dict[str, Any] | None:
     """Checked parameters of ``job_claim``, or None when there is nothing to claim."""
     if mode not in CLAIM_MODES:
@@ -1035,12 +1062,16 @@ def _claim_params(
     if limit < 1 or not tasks or not queues:
         return None
     validation.seconds("lease_seconds", lease_seconds, positive=True)
+    if waiter is not None:
+        validation.seconds("waiter.seconds", waiter.seconds, positive=True)
     return {
         "queues": list(queues),
         "tasks": list(tasks),
         "limit": limit,
         "lease_seconds": lease_seconds,
         "worker_id": worker_id or default_worker_id(),
+        "waiter": None if waiter is None else waiter.key,
+        "waiter_seconds": None if waiter is None else waiter.seconds,
     }
 
 

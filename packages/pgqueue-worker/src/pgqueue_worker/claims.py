@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from pgqueue import Job, Queue
+from pgqueue import Job, Queue, Waiter
 from pgqueue_worker.service import HandOffService
 
 log = logging.getLogger("pgqueue.worker")
@@ -54,6 +54,7 @@ class Claimer(HandOffService):
         worker_id: str,
         mode: str,
         on_claimed: Callable[[ClaimResult], None],
+        waiter_seconds: float | None = None,
     ) -> None:
         super().__init__()
         self.queue = queue
@@ -63,6 +64,11 @@ class Claimer(HandOffService):
         self.worker_id = worker_id
         self.mode = mode
         self.on_claimed = on_claimed
+        self.waiter_seconds = waiter_seconds
+        """With a value (a worker that LISTENs), each claim says whether this worker
+        waits for jobs, for that long (see :class:`pgqueue.Waiter`)."""
+        self.waiters: dict[tuple[str, ...], Waiter] = {}
+        """The waiter each set of tasks claimed for so far is known by."""
         self._requested: tuple[int, list[str]] | None = None
 
     def request(self, limit: int, tasks: Collection[str] | None = None) -> None:
@@ -88,6 +94,16 @@ class Claimer(HandOffService):
                 self._requested = None
             self.on_claimed(result)
 
+    def _waiter(self, tasks: list[str]) -> Waiter | None:
+        """One waiter per set of tasks: a worker whose sync handlers are all busy may
+        still wait for jobs of its async ones, and the other way round."""
+        if self.waiter_seconds is None:
+            return None
+        key = tuple(sorted(tasks))
+        if key not in self.waiters:
+            self.waiters[key] = Waiter(f"{self.worker_id}/{len(self.waiters)}", self.waiter_seconds)
+        return self.waiters[key]
+
     def _claim(self, limit: int, tasks: list[str]) -> ClaimResult:
         try:
             jobs = self.queue.claim(
@@ -97,6 +113,7 @@ class Claimer(HandOffService):
                 lease_seconds=self.lease_seconds,
                 worker_id=self.worker_id,
                 mode=self.mode,
+                waiter=self._waiter(tasks),
             )
         except Exception as exc:  # the claim loop decides what each failure means
             return ClaimResult(limit, [], error=exc)

@@ -28,6 +28,7 @@ import queue as queue_module
 import time
 from collections import Counter
 from collections.abc import Collection, Mapping
+from contextlib import suppress
 from itertools import chain
 from typing import Any
 
@@ -264,6 +265,8 @@ class Worker:
             worker_id=self.worker_id,
             mode=self.claim_mode,
             on_claimed=self._claimed,
+            # Recorded as waiting for a little over two polls: each poll's claim renews it.
+            waiter_seconds=2 * self.poll_interval + 1.0 if self.listen else None,
         )
         # The heartbeat's statements too: a stuck one is cut off while a retry can
         # still extend the leases before they expire.
@@ -324,6 +327,11 @@ class Worker:
                 helper.stop(timeout=0)
             for helper in helpers:
                 helper.stop(HELPER_STOP_SECONDS)
+            # Enqueues need not notify for this worker any more. Best effort, and not
+            # tried while the database is down: the records expire anyway.
+            if not self._health.down:
+                with suppress(Exception):
+                    self.queue.forget_waiters(claimer.waiters.values())
             executor.shutdown()
             heartbeat_queue.pool.close(timeout=HELPER_STOP_SECONDS)
 

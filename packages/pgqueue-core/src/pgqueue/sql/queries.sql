@@ -9,20 +9,25 @@
 
 -- name: job_insert_many
 -- Jobs without idempotency keys (the common case: no key to take first). Rows go in
--- in request order, so ids follow it.
-INSERT INTO {schema}.active_jobs
-    (queue, task, payload, priority, run_at, max_attempts, timeout_seconds)
-SELECT queue, task, payload, priority,
-       COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
-       max_attempts, timeout_seconds
-FROM unnest(
-    %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[], %(priority)s::smallint[],
-    %(run_at)s::timestamptz[], %(delay_seconds)s::float8[], %(max_attempts)s::int[],
-    %(timeout_seconds)s::float8[]
-) WITH ORDINALITY AS item (queue, task, payload, priority, run_at, delay_seconds,
-                           max_attempts, timeout_seconds, position)
-ORDER BY position
-RETURNING *;
+-- in request order, so ids follow it. Wakes the workers waiting on their queues (see
+-- jobs_woken): the notifications go out when the transaction commits.
+WITH inserted AS (
+    INSERT INTO {schema}.active_jobs
+        (queue, task, payload, priority, run_at, max_attempts, timeout_seconds)
+    SELECT queue, task, payload, priority,
+           COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
+           max_attempts, timeout_seconds
+    FROM unnest(
+        %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[], %(priority)s::smallint[],
+        %(run_at)s::timestamptz[], %(delay_seconds)s::float8[], %(max_attempts)s::int[],
+        %(timeout_seconds)s::float8[]
+    ) WITH ORDINALITY AS item (queue, task, payload, priority, run_at, delay_seconds,
+                               max_attempts, timeout_seconds, position)
+    ORDER BY position
+    RETURNING *
+)
+SELECT * FROM inserted
+WHERE {schema}.wake_waiters(ARRAY(SELECT DISTINCT queue FROM inserted)) IS NOT NULL;
 
 -- name: job_insert_many_keyed
 -- Jobs of which some carry an idempotency key: each key is taken in idempotency_keys
@@ -46,17 +51,21 @@ taken AS (
     ORDER BY position
     ON CONFLICT (key) DO NOTHING
     RETURNING job_id
+),
+inserted AS (
+    INSERT INTO {schema}.active_jobs
+        (id, queue, task, payload, priority, run_at, max_attempts, timeout_seconds,
+         idempotency_key)
+    SELECT id, queue, task, payload, priority,
+           COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
+           max_attempts, timeout_seconds, idempotency_key
+    FROM item
+    WHERE idempotency_key IS NULL OR id IN (SELECT job_id FROM taken)
+    ORDER BY position
+    RETURNING *
 )
-INSERT INTO {schema}.active_jobs
-    (id, queue, task, payload, priority, run_at, max_attempts, timeout_seconds,
-     idempotency_key)
-SELECT id, queue, task, payload, priority,
-       COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
-       max_attempts, timeout_seconds, idempotency_key
-FROM item
-WHERE idempotency_key IS NULL OR id IN (SELECT job_id FROM taken)
-ORDER BY position
-RETURNING *;
+SELECT * FROM inserted
+WHERE {schema}.wake_waiters(ARRAY(SELECT DISTINCT queue FROM inserted)) IS NOT NULL;
 
 -- name: job_get_many_by_idempotency_key
 -- For each item whose key was taken (by an earlier item of the same insert, or by a job
@@ -97,6 +106,13 @@ WHERE taken.key = gone.idempotency_key AND taken.job_id = gone.id;
 -- use the index order, and would sort every queued row). With several queues each
 -- scan locks up to %(limit)s rows and the best %(limit)s overall are claimed; the
 -- others stay queued and are unlocked at commit.
+-- With a %(waiter)s (a worker that LISTENs), the claim also says whether that worker
+-- will wait: its rows in queue_waiters are replaced by one per queue, valid for
+-- %(waiter_seconds)s, when the claim came back short, and removed when it came back
+-- full. Neither ever waits for a lock: the old rows are taken with SKIP LOCKED, and
+-- the table has no unique key for a new row to wait on (a claim cut off mid-statement
+-- may leave a transaction holding rows until the server notices; its rows then only
+-- expire).
 WITH claimable AS (
     SELECT candidate.id
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
@@ -112,7 +128,8 @@ WITH claimable AS (
     ) AS candidate
     ORDER BY candidate.priority DESC, candidate.run_at, candidate.id
     LIMIT %(limit)s
-)
+),
+claimed AS (
 UPDATE {schema}.active_jobs AS job
 SET state = 'running',
     -- Saturating: a row written around pgqueue with attempts at the integer limit
@@ -135,7 +152,25 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
 RETURNING job.id, job.queue, job.task, job.payload::text AS payload, job.priority,
           job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
           job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.errors,
-          job.result, job.idempotency_key;
+          job.result, job.idempotency_key
+),
+no_longer_waiting AS (
+    DELETE FROM {schema}.queue_waiters
+    WHERE %(waiter)s::text IS NOT NULL
+      AND ctid = ANY(ARRAY(
+          SELECT ctid FROM {schema}.queue_waiters
+          WHERE waiter = %(waiter)s
+          FOR UPDATE SKIP LOCKED
+      ))
+),
+waiting AS (
+    INSERT INTO {schema}.queue_waiters (queue, waiter, expires_at)
+    SELECT wanted.queue, %(waiter)s, now() + make_interval(secs => %(waiter_seconds)s)
+    FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    WHERE %(waiter)s::text IS NOT NULL
+      AND (SELECT count(*) FROM claimed) < %(limit)s
+)
+SELECT * FROM claimed;
 
 -- name: job_claim_times
 -- started_at and lease_expires_at as job_claim set them, run in its transaction after
@@ -382,7 +417,8 @@ counted AS (
     ON CONFLICT (queue, slot) DO UPDATE
     SET dead = counter.dead + excluded.dead, cancelled = counter.cancelled + excluded.cancelled
 )
-SELECT * FROM requeued;
+SELECT * FROM requeued
+WHERE {schema}.wake_waiters(ARRAY(SELECT queue FROM requeued)) IS NOT NULL;
 
 -- name: job_get
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
@@ -549,8 +585,28 @@ WHERE state = 'queued'
   AND task = ANY(%(tasks)s::text[]);
 
 -- name: jobs_listen
--- Subscribes the session to the channel the insert trigger of active_jobs notifies.
+-- Subscribes the session to the channel that enqueues and retries notify (for queues
+-- with a waiter; see job_claim and wake_waiters in schema.sql).
 LISTEN {channel};
+
+-- name: waiters_forget
+-- A worker that stops no longer waits.
+DELETE FROM {schema}.queue_waiters
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM {schema}.queue_waiters
+    WHERE waiter = ANY(%(waiters)s::text[])
+    FOR UPDATE SKIP LOCKED
+));
+
+-- name: waiters_expired_delete
+-- The rows of waiters that stopped without saying so (killed, cut off): harmless while
+-- they last (enqueues into their queues notify), removed by the reaper.
+DELETE FROM {schema}.queue_waiters
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM {schema}.queue_waiters
+    WHERE expires_at < now()
+    FOR UPDATE SKIP LOCKED
+));
 
 -- name: pruner_try_lock
 -- The automatic pruner's turn: transaction-scoped, like the reaper's, so it is safe
