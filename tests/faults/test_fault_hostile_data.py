@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from fault_support import SCHEMA, FaultRun, prepare_schema, send_via_api, serve_api, work_jobs
 
-from pgqueue import JobSpec, JobState, Lease, LeaseLost, Queue
+from pgqueue import JobSpec, JobState, Lease, LeaseLost, Queue, Waiter
 from pgqueue.queue import default_worker_id
 from pgqueue_api import ApiSettings
 
@@ -253,6 +253,8 @@ def test_a_notification_carries_the_queue_name_and_never_the_payload(
         Queue.connect(url, schema=SCHEMA) as queue,
     ):
         queue.listen(listener)
+        # A worker waits on both queues: its claim for a task nobody enqueues came back empty.
+        queue.claim(["default", "other"], ["nothing"], waiter=Waiter("w/0", 60.0))
         queue.enqueue("fault_work", {"blob": secret})
         queue.enqueue_many(work_jobs(500, "bulk"))
         queue.enqueue("fault_work", {"blob": secret}, queue="other")

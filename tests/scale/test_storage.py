@@ -26,7 +26,14 @@ SLACK = 10
 def _params(name: str) -> dict[str, Any]:
     common = {"queues": ["default"], "tasks": ["t"]}
     return {
-        "job_claim": {**common, "limit": 10, "lease_seconds": 30, "worker_id": "w"},
+        "job_claim": {
+            **common,
+            "limit": 10,
+            "lease_seconds": 30,
+            "worker_id": "w",
+            "waiter": None,
+            "waiter_seconds": None,
+        },
         "job_reap": {"limit": 1000, "base": 1.0, "cap": 60.0},
         "job_next_run_delay": common,
         "queue_stats": {},
