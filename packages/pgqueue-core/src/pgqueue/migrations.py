@@ -24,7 +24,7 @@ from psycopg import sql
 from pgqueue import history, queries
 from pgqueue.errors import PgQueueError
 from pgqueue.locks import advisory_key
-from pgqueue.settings import DEFAULT_SCHEMA, check_schema, notify_channel
+from pgqueue.settings import DEFAULT_SCHEMA, check_schema
 
 _FILE_NAME = re.compile(r"^(\d{4})_(\w+)\.sql$")
 
@@ -142,11 +142,7 @@ def _check_known(recorded: dict[int, str], shipped: list[Migration], schema: str
 
 
 def _formatted(text: str, schema: str) -> sql.Composed:
-    """A schema file's text for ``schema``: {schema} its quoted name, {channel} the
-    notification channel as a string literal."""
-    return sql.SQL(text).format(  # type: ignore[arg-type]
-        schema=sql.Identifier(schema), channel=sql.Literal(notify_channel(schema))
-    )
+    return sql.SQL(text).format(schema=sql.Identifier(schema))  # type: ignore[arg-type]
 
 
 def _record(conn: psycopg.Connection, schema: str, migration: Migration) -> None:

@@ -45,7 +45,8 @@ def query_names() -> list[str]:
 @cache
 def bind(name: str, schema: str, lock: str = "skip-locked") -> sql.SQL:
     """The statement called ``name`` with its placeholders filled for ``schema``:
-    ``{schema}``, ``{lock}`` and ``{channel}`` (the schema's LISTEN/NOTIFY channel)."""
+    ``{schema}``, ``{lock}``, and the schema's LISTEN/NOTIFY channel as ``{channel}``
+    (a name) and ``{channel_name}`` (a string)."""
     # Rendered once: psycopg renders a Composed again on every execute, which a worker
     # claiming thousands of jobs a second would pay each time.
     return sql.SQL(compose(name, schema, lock).as_string(None))
@@ -64,5 +65,6 @@ def compose(
         schema=sql.Identifier(schema),
         lock=CLAIM_LOCKS[lock],
         channel=sql.Identifier(notify_channel(schema)),
+        channel_name=sql.Literal(notify_channel(schema)),
         **parts,
     )

@@ -401,7 +401,20 @@ class Queue:
             max_attempts=max_attempts,
             timeout_seconds=timeout_seconds,
         )
-        return self.enqueue_many([spec], conn=conn)[0]
+        if idempotency_key is not None:
+            return self.enqueue_many([spec], conn=conn)[0]
+        params = spec.params()
+        validation.within_limit("payload", params["payload"], self.max_payload_bytes)
+        with self._connection(conn) as c:
+            cur = jsonb.cursor(c)
+            if conn is None:
+                # The statement and its COMMIT in one round trip.
+                with c.pipeline():
+                    cur.execute(self._sql("job_insert"), params)
+                    _send_commit(c)
+            else:
+                cur.execute(self._sql("job_insert"), params)
+            return EnqueueResult(Job.from_row(cur.fetchone()), created=True)
 
     def enqueue_many(
         self, specs: Iterable[JobSpec], *, conn: psycopg.Connection | None = None

@@ -7,10 +7,33 @@
 -- partition, a filter or a bound have their own, filled by queries.compose. Parameters
 -- use psycopg's %(name)s style.
 
+-- name: job_insert
+-- One job without an idempotency key: what an application enqueues once per request,
+-- kept to a plain VALUES row.
+WITH inserted AS (
+    INSERT INTO {schema}.active_jobs
+        (queue, task, payload, priority, run_at, max_attempts, timeout_seconds)
+    VALUES (%(queue)s, %(task)s, %(payload)s, %(priority)s,
+            COALESCE(%(run_at)s, now() + make_interval(secs => %(delay_seconds)s)),
+            %(max_attempts)s, %(timeout_seconds)s)
+    RETURNING *
+),
+woken AS (
+    -- Wakes the workers waiting on these queues (see queue_waiters in schema.sql): one
+    -- notification per queue with a live waiter, naming the queue, never a payload,
+    -- sent when the transaction commits. Read once, by the subquery below.
+    SELECT pg_notify({channel_name}, wanted.queue)
+    FROM (SELECT DISTINCT queue FROM inserted) AS wanted
+    WHERE EXISTS (
+        SELECT FROM {schema}.queue_waiters AS waiter
+        WHERE waiter.queue = wanted.queue AND waiter.expires_at > now()
+    )
+)
+SELECT * FROM inserted WHERE (SELECT count(*) FROM woken) >= 0;
+
 -- name: job_insert_many
 -- Jobs without idempotency keys (the common case: no key to take first). Rows go in
--- in request order, so ids follow it. Wakes the workers waiting on their queues (see
--- jobs_woken): the notifications go out when the transaction commits.
+-- in request order, so ids follow it.
 WITH inserted AS (
     INSERT INTO {schema}.active_jobs
         (queue, task, payload, priority, run_at, max_attempts, timeout_seconds)
@@ -25,9 +48,19 @@ WITH inserted AS (
                                max_attempts, timeout_seconds, position)
     ORDER BY position
     RETURNING *
+),
+woken AS (
+    -- Wakes the workers waiting on these queues (see queue_waiters in schema.sql): one
+    -- notification per queue with a live waiter, naming the queue, never a payload,
+    -- sent when the transaction commits. Read once, by the subquery below.
+    SELECT pg_notify({channel_name}, wanted.queue)
+    FROM (SELECT DISTINCT queue FROM inserted) AS wanted
+    WHERE EXISTS (
+        SELECT FROM {schema}.queue_waiters AS waiter
+        WHERE waiter.queue = wanted.queue AND waiter.expires_at > now()
+    )
 )
-SELECT * FROM inserted
-WHERE {schema}.wake_waiters(ARRAY(SELECT DISTINCT queue FROM inserted)) IS NOT NULL;
+SELECT * FROM inserted WHERE (SELECT count(*) FROM woken) >= 0;
 
 -- name: job_insert_many_keyed
 -- Jobs of which some carry an idempotency key: each key is taken in idempotency_keys
@@ -63,9 +96,19 @@ inserted AS (
     WHERE idempotency_key IS NULL OR id IN (SELECT job_id FROM taken)
     ORDER BY position
     RETURNING *
+),
+woken AS (
+    -- Wakes the workers waiting on these queues (see queue_waiters in schema.sql): one
+    -- notification per queue with a live waiter, naming the queue, never a payload,
+    -- sent when the transaction commits. Read once, by the subquery below.
+    SELECT pg_notify({channel_name}, wanted.queue)
+    FROM (SELECT DISTINCT queue FROM inserted) AS wanted
+    WHERE EXISTS (
+        SELECT FROM {schema}.queue_waiters AS waiter
+        WHERE waiter.queue = wanted.queue AND waiter.expires_at > now()
+    )
 )
-SELECT * FROM inserted
-WHERE {schema}.wake_waiters(ARRAY(SELECT DISTINCT queue FROM inserted)) IS NOT NULL;
+SELECT * FROM inserted WHERE (SELECT count(*) FROM woken) >= 0;
 
 -- name: job_get_many_by_idempotency_key
 -- For each item whose key was taken (by an earlier item of the same insert, or by a job
@@ -416,9 +459,19 @@ counted AS (
     FROM revived GROUP BY queue
     ON CONFLICT (queue, slot) DO UPDATE
     SET dead = counter.dead + excluded.dead, cancelled = counter.cancelled + excluded.cancelled
+),
+woken AS (
+    -- Wakes the workers waiting on these queues (see queue_waiters in schema.sql): one
+    -- notification per queue with a live waiter, naming the queue, never a payload,
+    -- sent when the transaction commits. Read once, by the subquery below.
+    SELECT pg_notify({channel_name}, wanted.queue)
+    FROM (SELECT DISTINCT queue FROM requeued) AS wanted
+    WHERE EXISTS (
+        SELECT FROM {schema}.queue_waiters AS waiter
+        WHERE waiter.queue = wanted.queue AND waiter.expires_at > now()
+    )
 )
-SELECT * FROM requeued
-WHERE {schema}.wake_waiters(ARRAY(SELECT queue FROM requeued)) IS NOT NULL;
+SELECT * FROM requeued WHERE (SELECT count(*) FROM woken) >= 0;
 
 -- name: job_get
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
@@ -586,7 +639,7 @@ WHERE state = 'queued'
 
 -- name: jobs_listen
 -- Subscribes the session to the channel that enqueues and retries notify (for queues
--- with a waiter; see job_claim and wake_waiters in schema.sql).
+-- with a waiter; see job_claim and job_insert).
 LISTEN {channel};
 
 -- name: waiters_forget

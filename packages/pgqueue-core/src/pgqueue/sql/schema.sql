@@ -5,8 +5,7 @@
 -- file and one from migrations/0001_baseline.sql plus every upgrade, and requires the
 -- two to be identical. Change this file and add an upgrade migration together.
 --
--- {schema} is replaced by the quoted schema name, {channel} by the schema's
--- notification channel as a string literal.
+-- {schema} is replaced by the quoted schema name.
 --
 -- Where jobs live:
 -- - active_jobs holds the jobs that are not finished (queued, running). It is the only
@@ -158,9 +157,9 @@ CREATE TABLE {schema}.queue_counters (
 
 -- The workers that may be waiting for jobs, per queue: a LISTENing worker whose last
 -- claim came back short, until its next claim or expires_at (see job_claim). Only
--- enqueues into these queues notify (wake_waiters): a NOTIFY takes a lock at commit
--- that serialises every notifying transaction of the server, which producers then pay
--- only while a worker waits. Unlogged: it is rewritten every poll interval, and a worker's next
+-- enqueues and retries into these queues notify (see job_insert in queries.sql): a
+-- NOTIFY takes a lock at commit that serialises every notifying transaction of the
+-- server, which producers then pay only while a worker waits. Unlogged: it is rewritten every poll interval, and a worker's next
 -- claim writes it again after a crash or a failover has emptied it.
 CREATE UNLOGGED TABLE {schema}.queue_waiters (
     queue      text NOT NULL,
@@ -170,25 +169,6 @@ CREATE UNLOGGED TABLE {schema}.queue_waiters (
 
 CREATE INDEX queue_waiters_queue_idx ON {schema}.queue_waiters (queue, expires_at);
 CREATE INDEX queue_waiters_waiter_idx ON {schema}.queue_waiters (waiter);
-
--- Wakes the workers waiting on any of ``queues``: one notification per queue with a
--- live waiter, naming the queue only (never a payload), delivered when the calling
--- transaction commits. Called by the statements that add runnable jobs (enqueue,
--- retry), not by a trigger: rows inserted by hand wake nobody and are found by the
--- next poll. A waiter that registers while an enqueue is under way may miss that one
--- notification: it then finds the job on its next poll. Returns the queues notified.
-CREATE FUNCTION {schema}.wake_waiters(queues text[]) RETURNS text[]
-LANGUAGE sql VOLATILE AS $$
-    SELECT coalesce(array_agg(woken.queue), '{{}}')
-    FROM (
-        SELECT wanted.queue, pg_notify({channel}, wanted.queue)
-        FROM unnest(queues) AS wanted (queue)
-        WHERE EXISTS (
-            SELECT FROM {schema}.queue_waiters AS w
-            WHERE w.queue = wanted.queue AND w.expires_at > now()
-        )
-    ) AS woken
-$$;
 
 -- A job's error history with one more failed attempt, the last 20 kept, each error cut
 -- to 2,000 characters, so a job that fails forever stays a row of bounded size.
