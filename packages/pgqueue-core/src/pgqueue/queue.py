@@ -112,8 +112,35 @@ class JobSpec:
         # Validate (and measure) the payload once; the text is what gets stored.
         object.__setattr__(self, "_payload_text", validation.payload(self.payload))
 
+    def queued_job(self, job_id: int, run_at: datetime, enqueued_at: datetime) -> Job:
+        """The job this spec became, as the table holds it right after the insert that
+        gave it ``job_id`` and those times (the rest is the spec's)."""
+        return Job(
+            id=job_id,
+            queue=self.queue,
+            task=self.task,
+            # As the table gives it back: the stored JSON text, loaded.
+            payload=jsonb.load_json(self._payload_text.encode()),  # type: ignore[attr-defined]
+            priority=self.priority,
+            state=JobState.QUEUED,
+            run_at=run_at,
+            attempts=0,
+            max_attempts=self.max_attempts,
+            timeout_seconds=self.timeout_seconds,
+            lease_token=None,
+            lease_expires_at=None,
+            worker_id=None,
+            enqueued_at=enqueued_at,
+            started_at=None,
+            finished_at=None,
+            last_error=None,
+            errors=[],
+            result=None,
+            idempotency_key=self.idempotency_key,
+        )
+
     def params(self) -> dict[str, Any]:
-        """Statement parameters for ``job_insert``."""
+        """Statement parameters for ``job_insert`` and ``job_insert_many``."""
         return {
             "queue": self.queue,
             "task": self.task,
@@ -408,13 +435,17 @@ class Queue:
         with self._connection(conn) as c:
             cur = jsonb.cursor(c)
             if conn is None:
-                # The statement and its COMMIT in one round trip.
-                with c.pipeline():
+                # One statement is its own transaction: in autocommit it costs one round
+                # trip, where BEGIN, the statement and COMMIT cost more, even pipelined.
+                c.autocommit = True
+                try:
                     cur.execute(self._sql("job_insert"), params)
-                    _send_commit(c)
+                finally:
+                    c.autocommit = False
             else:
                 cur.execute(self._sql("job_insert"), params)
-            return EnqueueResult(Job.from_row(cur.fetchone()), created=True)
+            row = cur.fetchone()
+        return EnqueueResult(spec.queued_job(row["id"], row["run_at"], row["enqueued_at"]), True)
 
     def enqueue_many(
         self, specs: Iterable[JobSpec], *, conn: psycopg.Connection | None = None
@@ -456,9 +487,18 @@ class Queue:
             keyed = any(key is not None for key in columns["idempotency_key"])
             with c.transaction() if atomic else nullcontext():
                 cur = jsonb.cursor(c)
-                cur.execute(
-                    self._sql("job_insert_many_keyed" if keyed else "job_insert_many"), columns
-                )
+                if keyed or conn is not None:
+                    cur.execute(
+                        self._sql("job_insert_many_keyed" if keyed else "job_insert_many"), columns
+                    )
+                else:
+                    # A pooled connection and no key, so no conflict to check: the one
+                    # statement is its own transaction, in one round trip (as in enqueue).
+                    c.autocommit = True
+                    try:
+                        cur.execute(self._sql("job_insert_many"), columns)
+                    finally:
+                        c.autocommit = False
                 inserted = [Job.from_row(row) for row in cur.fetchall()]
                 results, conflicts = self._match_inserted(cur, specs, inserted)
                 if conflicts:

@@ -9,14 +9,15 @@
 
 -- name: job_insert
 -- One job without an idempotency key: what an application enqueues once per request,
--- kept to a plain VALUES row.
+-- kept to a plain VALUES row. Only what the server decided comes back (the id and the
+-- times): the caller knows the rest, and every column returned costs a conversion.
 WITH inserted AS (
     INSERT INTO {schema}.active_jobs
         (queue, task, payload, priority, run_at, max_attempts, timeout_seconds)
     VALUES (%(queue)s, %(task)s, %(payload)s, %(priority)s,
             COALESCE(%(run_at)s, now() + make_interval(secs => %(delay_seconds)s)),
             %(max_attempts)s, %(timeout_seconds)s)
-    RETURNING *
+    RETURNING id, queue, run_at, enqueued_at
 ),
 woken AS (
     -- Wakes the workers waiting on these queues (see queue_waiters in schema.sql): one
@@ -29,7 +30,7 @@ woken AS (
         WHERE waiter.queue = wanted.queue AND waiter.expires_at > now()
     )
 )
-SELECT * FROM inserted WHERE (SELECT count(*) FROM woken) >= 0;
+SELECT id, run_at, enqueued_at FROM inserted WHERE (SELECT count(*) FROM woken) >= 0;
 
 -- name: job_insert_many
 -- Jobs without idempotency keys (the common case: no key to take first). Rows go in
