@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgqueue import JobState, Queue, history, queries
+from pgqueue import JobState, Queue, history
 from pgqueue.errors import JobNotFound
 
 
@@ -82,16 +82,7 @@ def test_a_day_past_its_retention_is_dropped_whole_with_its_keys_and_counts(
     recent = _finished(queue, 1, key_prefix="recent")
     today = db.execute("SELECT (now() AT TIME ZONE 'UTC')::date").fetchone()[0]
     day = history.Day(JobState.SUCCEEDED, today - timedelta(days=10))
-    db.execute(
-        queries.compose(
-            "history_day_create",
-            schema,
-            partition=sql.Identifier(day.name),
-            parent=sql.Identifier(day.parent),
-            start=sql.Literal(day.end - timedelta(days=1)),
-            end=sql.Literal(day.end),
-        )
-    )
+    day.create(db, schema)
     # As if the three had finished that day: they move into its partition.
     db.execute(
         sql.SQL("UPDATE {} SET finished_at = %s WHERE id = ANY(%s)").format(

@@ -78,7 +78,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from pgqueue import JobSpec, Queue, migrate, queries
+from pgqueue import JobSpec, Queue, migrate
 from pgqueue.history import Day
 from pgqueue.job import FINISHED_STATES
 from pgqueue_bench import database, environment, handlers, results
@@ -217,17 +217,7 @@ def create_history_days(url: str, schema: str, window: HistoryWindow) -> int:
     with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
         for each in window.days():
             for state in FINISHED_STATES:
-                day = Day(state, each)
-                conn.execute(
-                    queries.compose(
-                        "history_day_create",
-                        schema,
-                        partition=sql.Identifier(day.name),
-                        parent=sql.Identifier(day.parent),
-                        start=sql.Literal(day.end - timedelta(days=1)),
-                        end=sql.Literal(day.end),
-                    )
-                )
+                Day(state, each).create(conn, schema)
     return len(window.days()) * len(FINISHED_STATES)
 
 

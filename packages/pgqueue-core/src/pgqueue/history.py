@@ -60,6 +60,20 @@ class Day:
         """When the day ends: its jobs all finished before this."""
         return datetime.combine(self.day + timedelta(days=1), time(), UTC)
 
+    def create(self, conn: psycopg.Connection, schema: str) -> None:
+        """Create this day's partition in ``schema`` unless it exists (see
+        ``history_day_create``)."""
+        conn.execute(
+            queries.compose(
+                "history_day_create",
+                schema,
+                partition=sql.Identifier(self.name),
+                parent=sql.Identifier(self.parent),
+                start=sql.Literal(self.end - timedelta(days=1)),
+                end=sql.Literal(self.end),
+            )
+        )
+
 
 def default_partition(state: JobState) -> str:
     """The name of ``state``'s DEFAULT partition."""
@@ -116,16 +130,7 @@ def create_days(conn: psycopg.Connection, schema: str, guard: Step = _always) ->
                 with _step(conn, schema, guard) as go:
                     if not go:
                         return created
-                    conn.execute(
-                        queries.compose(
-                            "history_day_create",
-                            schema,
-                            partition=sql.Identifier(day.name),
-                            parent=sql.Identifier(day.parent),
-                            start=sql.Literal(day.end - timedelta(days=1)),
-                            end=sql.Literal(day.end),
-                        )
-                    )
+                    day.create(conn, schema)
                 created += 1
             except (psycopg.errors.DuplicateTable, psycopg.errors.UniqueViolation):
                 pass  # another process created it between our look and our try
