@@ -55,6 +55,21 @@ def tests(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON, default=False)
+def model(session: nox.Session) -> None:
+    """The state-machine test for PGQUEUE_MODEL_SECONDS (1200 unless set); results/model.json."""
+    install_repo(session)
+    seconds = os.environ.get("PGQUEUE_MODEL_SECONDS", "1200")
+    session.run(
+        "pytest",
+        "tests/model",
+        "-k",
+        "for_minutes",
+        *session.posargs,
+        env={"PGQUEUE_MODEL_SECONDS": seconds},
+    )
+
+
+@nox.session(python=PYTHON, default=False)
 def crash(session: nox.Session) -> None:
     """SIGKILL workers at random while they work; results/crash.json (pgqueue bench crash)."""
     install_repo(session)

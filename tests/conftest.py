@@ -53,3 +53,18 @@ def db(database_url: str) -> Iterator[psycopg.Connection]:
     """A plain autocommit connection to this test process's database, for assertions."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         yield conn
+
+
+@pytest.fixture
+def refuse_poison(db: psycopg.Connection, schema: str) -> None:
+    """Make PostgreSQL refuse, by a trigger, any job row whose task is 'poison': a
+    failure inside the database, for tests of what a failed statement leaves behind."""
+    db.execute(
+        f"""CREATE FUNCTION {schema}.refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.task = 'poison' THEN RAISE EXCEPTION 'poison row'; END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_poison BEFORE INSERT ON {schema}.active_jobs
+            FOR EACH ROW EXECUTE FUNCTION {schema}.refuse_poison();"""
+    )

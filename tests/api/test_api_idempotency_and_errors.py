@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 
 import httpx
 import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
-from pgqueue import Queue
+from pgqueue import Queue, WorkerRegistration
 
 
 def _count_jobs(db: psycopg.Connection, schema: str) -> int:
@@ -85,19 +85,16 @@ def test_get_job_shows_the_error_history_and_no_last_error_after_success(
 def test_metrics_show_unserved_jobs_per_queue_and_task(
     api: httpx.Client, queue: Queue, db, schema
 ) -> None:
-    long_ago = datetime.now(UTC) - timedelta(hours=1)
     for _ in range(2):
-        queue.enqueue("sendmial", queue="mail", run_at=long_ago)
-    db.execute(
-        sql.SQL("UPDATE {}.active_jobs SET enqueued_at = run_at").format(sql.Identifier(schema))
-    )
+        queue.enqueue("sendmial", queue="mail")
     samples = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value
         for family in text_string_to_metric_families(api.get("/metrics").text)
         for sample in family.samples
     }
-    assert samples[("pgqueue_jobs_unserved", (("queue", "mail"), ("task", "sendmial")))] == 2
-    queue.claim(["mail"], ["sendmial"])  # now a worker runs that task
+    assert samples[("pgqueue_unserved_jobs", (("queue", "mail"), ("task", "sendmial")))] == 2
+    # Now a live worker serves that task in that queue.
+    queue.register_worker(WorkerRegistration("w", ["mail"], ["sendmial"], 1, 30.0))
     text = api.get("/metrics").text
-    assert "# TYPE pgqueue_jobs_unserved gauge" in text
-    assert 'pgqueue_jobs_unserved{queue="mail"' not in text
+    assert "# TYPE pgqueue_unserved_jobs gauge" in text
+    assert 'pgqueue_unserved_jobs{queue="mail"' not in text

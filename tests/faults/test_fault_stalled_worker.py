@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 import fault_sql
@@ -85,9 +86,12 @@ RACE_JOBS = 40
 def _race_once(queue: Queue, url: str) -> tuple[set[int], set[int], set[int]]:
     """Claim RACE_JOBS jobs, expire their leases, then ack them from two threads while a
     third reaps. Returns the ids each side won, and the ids whose ack was refused."""
-    specs = work_jobs(RACE_JOBS, f"race-{os.urandom(4).hex()}")
+    # A queue of the round's own: the jobs an earlier round's reaper put back are
+    # runnable again after their short backoff, and would compete for this claim.
+    name = f"race-{os.urandom(4).hex()}"
+    specs = [replace(spec, queue=name) for spec in work_jobs(RACE_JOBS, name)]
     ids = [result.job.id for result in queue.enqueue_many(specs)]
-    jobs = queue.claim(["default"], ["fault_work"], RACE_JOBS, lease_seconds=60)
+    jobs = queue.claim([name], ["fault_work"], RACE_JOBS, lease_seconds=60)
     assert sorted(job.id for job in jobs) == sorted(ids)
     fault_sql.run(url, "job_expire_lease", {"ids": ids}, schema=SCHEMA)
 

@@ -77,19 +77,10 @@ def test_enqueue_many_inserts_thousands_in_one_statement(queue, schema, db):
     assert db.execute(f"SELECT count(*) FROM {schema}.jobs").fetchone()[0] == 5000
 
 
-def test_enqueue_many_is_all_or_nothing(queue, schema, db):
+def test_enqueue_many_is_all_or_nothing(queue, schema, db, refuse_poison):
     with pytest.raises(ValidationError):
         queue.enqueue_many([JobSpec("good"), JobSpec("bad", max_attempts=0)])
     # A failure inside the database, on the last row, rolls back the whole batch too.
-    db.execute(
-        f"""CREATE FUNCTION {schema}.refuse_poison() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF NEW.task = 'poison' THEN RAISE EXCEPTION 'poison row'; END IF;
-            RETURN NEW;
-        END $$;
-        CREATE TRIGGER refuse_poison BEFORE INSERT ON {schema}.active_jobs
-            FOR EACH ROW EXECUTE FUNCTION {schema}.refuse_poison();"""
-    )
     with pytest.raises(psycopg.errors.RaiseException, match="poison row"):
         queue.enqueue_many([JobSpec("good"), JobSpec("good"), JobSpec("poison")])
     assert db.execute(f"SELECT count(*) FROM {schema}.jobs").fetchone()[0] == 0

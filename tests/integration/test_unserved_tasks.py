@@ -1,81 +1,121 @@
-"""Queued jobs that no worker takes (an unknown task name, a queue nobody serves) are
-shown by Queue.unserved, ``pgqueue status`` and (see tests/api) ``/metrics``."""
+"""The worker registry, and the queued jobs no live worker serves (an unknown task name,
+a queue nobody serves), shown by Queue.unserved, ``pgqueue status`` and (see tests/api)
+``/metrics``."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+import time
 from pathlib import Path
 
 import pytest
 from psycopg import sql
 
-from pgqueue import Queue
-from pgqueue.queue import UNSERVED_AFTER_SECONDS, UnservedTask
+from pgqueue import Queue, UnservedTask, WorkerRegistration
 
 PGQUEUE = [str(Path(sys.executable).parent / "pgqueue")]
 
 
-def _waited(minutes: float) -> datetime:
-    """A run_at that makes a job runnable for ``minutes`` already."""
-    return datetime.now(UTC) - timedelta(minutes=minutes)
-
-
-def _enqueue_waiting(jobs: Queue, db, schema: str, task: str, minutes: float, **options):
-    """A job runnable, and in the table, for ``minutes`` already."""
-    job = jobs.enqueue(task, run_at=_waited(minutes), **options).job
-    db.execute(
-        sql.SQL("UPDATE {}.active_jobs SET enqueued_at = run_at WHERE id = %s").format(
-            sql.Identifier(schema)
-        ),
-        (job.id,),
+def _worker(worker_id: str, queues: list[str], tasks: list[str], seconds: float = 30.0):
+    return WorkerRegistration(
+        id=worker_id, queues=queues, tasks=tasks, concurrency=4, expiry_seconds=seconds
     )
-    return job
 
 
 @pytest.fixture
-def stuck(queue: Queue, db, schema: str) -> None:
-    """Jobs of a misspelt task waiting for an hour, and of a served task, one of which
-    runs; jobs not runnable long enough or not at all; a job of the served task in a
-    queue nobody serves."""
+def stuck(queue: Queue) -> None:
+    """A worker serving "send" in default; jobs of a misspelt task, of the served task,
+    and of the served task in a queue nobody serves."""
+    queue.register_worker(_worker("host:1:a", ["default"], ["send"]))
     for _ in range(3):
-        _enqueue_waiting(queue, db, schema, "sendmial", 60)
-    _enqueue_waiting(queue, db, schema, "send", 60)
-    _enqueue_waiting(queue, db, schema, "send", 60)
-    queue.claim(["default"], ["send"], limit=1)  # a worker serves "send"
-    _enqueue_waiting(queue, db, schema, "sendmial", 1)  # not for long enough yet
-    queue.enqueue("sendmial", delay_seconds=3600)  # not runnable
-    queue.enqueue("sendmial", run_at=_waited(60))  # only just enqueued
-    _enqueue_waiting(queue, db, schema, "send", 60, queue="nobody")
+        queue.enqueue("sendmial")
+    queue.enqueue("sendmial", delay_seconds=3600)  # not runnable yet, still unserved
+    queue.enqueue("send")
+    queue.enqueue("send", queue="nobody")
 
 
-def test_unserved_counts_long_runnable_jobs_of_tasks_with_no_job_running(
-    queue: Queue, stuck: None
-) -> None:
-    assert UNSERVED_AFTER_SECONDS == 300
+def test_unserved_counts_queued_jobs_no_live_worker_serves(queue: Queue, stuck: None) -> None:
     assert queue.unserved() == [
-        UnservedTask("default", "sendmial", 3),
+        UnservedTask("default", "sendmial", 4),
         UnservedTask("nobody", "send", 1),
     ]
-    # With no wait required, the recent ones count too.
-    assert UnservedTask("default", "sendmial", 5) in queue.unserved(after_seconds=0)
 
 
-def test_a_task_counts_no_more_once_a_worker_runs_it(queue: Queue, stuck: None) -> None:
-    queue.claim(["default"], ["sendmial"], limit=1)
+def test_a_task_counts_no_more_once_a_worker_serving_it_registers(
+    queue: Queue, stuck: None
+) -> None:
+    queue.register_worker(_worker("host:2:b", ["default", "other"], ["sendmial", "x"]))
     assert queue.unserved() == [UnservedTask("nobody", "send", 1)]
+    # A worker that stops cleanly leaves at once.
+    queue.deregister_worker("host:2:b")
+    assert UnservedTask("default", "sendmial", 4) in queue.unserved()
+
+
+def test_a_worker_that_died_stops_counting_when_it_expires_and_is_reaped(
+    queue: Queue, stuck: None, db, schema: str
+) -> None:
+    queue.register_worker(_worker("host:3:c", ["nobody"], ["send"], seconds=0.3))
+    assert [w.id for w in queue.workers()] == ["host:1:a", "host:3:c"]
+    assert UnservedTask("nobody", "send", 1) not in queue.unserved()
+    time.sleep(0.4)
+    assert [w.id for w in queue.workers()] == ["host:1:a"]
+    assert UnservedTask("nobody", "send", 1) in queue.unserved()
+    queue.reap()
+    table = sql.Identifier(schema, "workers")
+    rows = db.execute(sql.SQL("SELECT id FROM {}").format(table)).fetchall()
+    assert rows == [("host:1:a",)]
+
+
+def test_a_heartbeat_renews_the_workers_row_and_writes_it_again_if_lost(
+    queue: Queue, db, schema: str
+) -> None:
+    me = _worker("host:4:d", ["default"], ["t"], seconds=0.5)
+    queue.register_worker(me)
+    [before] = queue.workers()
+    time.sleep(0.1)
+    assert queue.heartbeat([], worker=me) == set()  # an idle worker beats too
+    [after] = queue.workers()
+    assert after.last_seen_at > before.last_seen_at
+    assert after.started_at == before.started_at
+    db.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(schema, "workers")))
+    queue.heartbeat([], worker=me)
+    [again] = queue.workers()
+    assert (again.id, again.queues, again.tasks, again.concurrency) == (
+        "host:4:d",
+        ["default"],
+        ["t"],
+        4,
+    )
+
+
+def test_workers_show_how_many_jobs_each_holds(queue: Queue) -> None:
+    queue.register_worker(_worker("host:5:e", ["default"], ["t"]))
+    for _ in range(3):
+        queue.enqueue("t")
+    queue.claim(["default"], ["t"], limit=2, worker_id="host:5:e")
+    [info] = queue.workers()
+    assert info.running == 2
+    assert info.pid > 0 and info.host and info.version
 
 
 def test_stats_carry_the_unserved_tasks_per_queue(queue: Queue, stuck: None) -> None:
     stats = {s.queue: s for s in queue.stats()}
-    assert stats["default"].unserved == {"sendmial": 3}
+    assert stats["default"].unserved == {"sendmial": 4}
     assert stats["nobody"].unserved == {"send": 1}
     snapshot = queue.metrics_snapshot()
     assert [(u.queue, u.task, u.jobs) for u in snapshot.unserved] == [
-        ("default", "sendmial", 3),
+        ("default", "sendmial", 4),
         ("nobody", "send", 1),
+    ]
+    assert snapshot.workers == {"default": 1}
+
+
+def test_unserved_tasks_names_the_pairs_no_worker_serves(queue: Queue, stuck: None) -> None:
+    assert queue.unserved_tasks([("default", "send"), ("default", "x"), ("q", "send")]) == [
+        ("default", "x"),
+        ("q", "send"),
     ]
 
 
@@ -88,23 +128,23 @@ def test_pgqueue_status_shows_unserved_jobs_and_their_tasks(
     lines = out.stdout.splitlines()
     assert lines[0].split()[-1] == "unserved"
     table = {line.split()[0]: line.split() for line in lines[1:3]}
-    assert table["default"][-1] == "3" and table["nobody"][-1] == "1"
+    assert table["default"][-1] == "4" and table["nobody"][-1] == "1"
     notes = [line for line in lines if line.startswith("unserved:")]
     assert len(notes) == 2
-    assert "3 'sendmial' jobs in queue 'default'" in notes[0]
+    assert "4 'sendmial' jobs in queue 'default'" in notes[0]
 
     out = subprocess.run(
         [*PGQUEUE, "status", "--json", *db], capture_output=True, text=True, timeout=60
     )
     assert {s["queue"]: s["unserved"] for s in json.loads(out.stdout)} == {
-        "default": {"sendmial": 3},
+        "default": {"sendmial": 4},
         "nobody": {"send": 1},
     }
 
 
-def test_nothing_is_unserved_when_every_task_is_served(queue: Queue, db, schema) -> None:
-    _enqueue_waiting(queue, db, schema, "send", 60)
-    _enqueue_waiting(queue, db, schema, "send", 60)
+def test_nothing_is_unserved_when_every_task_is_served(queue: Queue) -> None:
+    queue.enqueue("send")
+    queue.enqueue("send")
     assert queue.unserved() == [UnservedTask("default", "send", 2)]
-    queue.claim(["default"], ["send"], limit=1)
+    queue.register_worker(_worker("host:6:f", ["default"], ["send"]))
     assert queue.unserved() == []

@@ -221,3 +221,21 @@ def test_the_throughput_section_names_runs_shorter_than_a_second():
     assert "The shortest run" not in text  # 12.5 s and 13.2 s
     text = "\n".join(report.throughput_section(_throughput(8000.0, 6250.0)))
     assert "The shortest run lasted 0.62 s." in text
+
+
+def test_the_model_table_has_a_row_per_version_newest_first(tmp_path: Path):
+    run = {"seconds": 900.4, "examples": 310, "steps": 15021, "invariant_checks": 30354}
+    document = {
+        "benchmark": "model",
+        "created_at": "2026-12-01T23:40:00+00:00",
+        "environment": {"machine": {"cpu_count": 2, "python": "3.11.7"}},
+        "postgresql": {"15": {**run, "failures": 0}, "18": {**run, "failures": 0}},
+    }
+    (tmp_path / "model.json").write_text(json.dumps(document))
+
+    rendered = report.render(tmp_path)
+
+    assert "| PostgreSQL 18 | 15 min | 310 | 15,021 | 30,354 | 0 |" in rendered
+    assert rendered.index("PostgreSQL 18") < rendered.index("PostgreSQL 15")
+    assert rendered.rstrip().endswith("Raw data: `results/model.json`.")
+    assert not report.has_figures({"benchmark": "model", "postgresql": {}})

@@ -103,6 +103,11 @@ CASES: dict[str, tuple[dict[str, str], list[str], Check]] = {
         [],
         lambda p: p.runner.prune_interval == 300,
     ),
+    "PGQUEUE_NO_SCHEDULER": (
+        {"PGQUEUE_NO_SCHEDULER": "1"},
+        [],
+        lambda p: p.runner.scheduler is False and p.runner.schedules is not None,
+    ),
     "PGQUEUE_CLAIM_MODE": (
         {"PGQUEUE_CLAIM_MODE": "for-update"},
         [],

@@ -13,10 +13,15 @@ from fastapi import Depends, FastAPI
 from pgqueue import Queue
 from pgqueue_api.auth import BEARER_SCHEME, BearerAuthMiddleware
 from pgqueue_api.body_limit import BodyLimitMiddleware
+from pgqueue_api.docs import ASSETS_PATH, install_docs
 from pgqueue_api.errors import install_error_handlers
+from pgqueue_api.logs import RequestIdMiddleware
 from pgqueue_api.metrics import metrics_registry
 from pgqueue_api.routes_jobs import router as jobs_router
 from pgqueue_api.routes_ops import health_router, metrics_router, queues_router
+from pgqueue_api.routes_queues import router as queue_control_router
+from pgqueue_api.routes_schedules import router as schedules_router
+from pgqueue_api.routes_workers import router as workers_router
 from pgqueue_api.schemas import ErrorResponse
 from pgqueue_api.settings import ApiSettings
 
@@ -73,6 +78,8 @@ def create_app(settings: ApiSettings, *, queue: Queue | None = None) -> FastAPI:
         description=DESCRIPTION,
         lifespan=lifespan,
         redoc_url=None,
+        # Served by install_docs from local assets, so /docs works offline.
+        docs_url=None,
     )
     app.state.settings = settings
     if queue is not None:
@@ -88,9 +95,20 @@ def create_app(settings: ApiSettings, *, queue: Queue | None = None) -> FastAPI:
     }
     app.include_router(jobs_router, **protected)
     app.include_router(queues_router, **protected)
+    app.include_router(queue_control_router, **protected)
+    app.include_router(workers_router, **protected)
+    app.include_router(schedules_router, **protected)
     app.include_router(metrics_router, **({} if settings.public_metrics else protected))
     app.include_router(health_router)
     install_error_handlers(app)
+    install_docs(app)
+    public_prefixes = [ASSETS_PATH]
+    if settings.ui:
+        # Imported only when served: with --no-ui no template is even loaded.
+        from pgqueue_api.ui import PUBLIC_PREFIXES, install_ui
+
+        install_ui(app)
+        public_prefixes += PUBLIC_PREFIXES
 
     # Added innermost first: authentication runs before the body is even read.
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
@@ -98,7 +116,14 @@ def create_app(settings: ApiSettings, *, queue: Queue | None = None) -> FastAPI:
         public = {*DOCS_PATHS, "/healthz"}
         if settings.public_metrics:
             public.add("/metrics")
-        app.add_middleware(BearerAuthMiddleware, tokens=settings.tokens, public_paths=public)
+        app.add_middleware(
+            BearerAuthMiddleware,
+            tokens=settings.tokens,
+            public_paths=public,
+            public_prefixes=public_prefixes,
+        )
+    # Outermost: every answer, refused ones too, carries its request id.
+    app.add_middleware(RequestIdMiddleware)
     return app
 
 

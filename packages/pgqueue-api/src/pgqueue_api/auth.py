@@ -27,15 +27,23 @@ middleware below is what enforces it."""
 
 class BearerAuthMiddleware:
     """Pure ASGI middleware: 401 with ``WWW-Authenticate: Bearer`` unless the request
-    carries one of ``tokens``, except on the ``public_paths``."""
+    carries one of ``tokens``, except on the ``public_paths`` and the paths under the
+    ``public_prefixes`` (the dashboard, which checks sessions of its own)."""
 
-    def __init__(self, app: ASGIApp, tokens: Collection[str], public_paths: Collection[str]):
+    def __init__(
+        self,
+        app: ASGIApp,
+        tokens: Collection[str],
+        public_paths: Collection[str],
+        public_prefixes: Collection[str] = (),
+    ):
         self.app = app
         self.tokens = [token.encode() for token in tokens]
         self.public_paths = frozenset(public_paths)
+        self.public_prefixes = tuple(public_prefixes)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.public_paths:
+        if scope["type"] != "http" or self._public(scope["path"]):
             await self.app(scope, receive, send)
             return
         presented = _bearer_token(scope)
@@ -50,6 +58,13 @@ class BearerAuthMiddleware:
             )(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    def _public(self, path: str) -> bool:
+        if path in self.public_paths:
+            return True
+        return any(
+            path == prefix or path.startswith(prefix + "/") for prefix in self.public_prefixes
+        )
 
     def _known(self, presented: bytes) -> bool:
         # Compare with every token, each in constant time, so the answer's timing says

@@ -12,7 +12,6 @@ values click resolved, so nothing the user set is overwritten by a default.
 
 from __future__ import annotations
 
-import copy
 import os
 import signal
 import socket
@@ -36,6 +35,7 @@ from pgqueue.cli import (
 )
 from pgqueue.queue import error_line
 from pgqueue.settings import check_schema
+from pgqueue_api import logs
 from pgqueue_api import settings as api_settings
 from pgqueue_api.settings import ApiSettings, SettingsError
 
@@ -126,6 +126,19 @@ def _option(*names: str, envvar: str | list[str], **kwargs: Any) -> Any:
     f"{api_settings.ENV_PREPARE}=0 does the same.",
 )
 @_option(
+    "--no-ui",
+    envvar=api_settings.ENV_NO_UI,
+    is_flag=True,
+    help="Do not serve the dashboard under /ui.",
+)
+@_option(
+    "--reject-unserved-tasks",
+    envvar=api_settings.ENV_REJECT_UNSERVED_TASKS,
+    is_flag=True,
+    help="Refuse (422, naming the task) a job whose task no live worker serves in its "
+    "queue, as the worker registry shows it.",
+)
+@_option(
     "--migrate",
     "run_migrations",
     envvar="PGQUEUE_API_MIGRATE",
@@ -146,6 +159,15 @@ def _option(*names: str, envvar: str | list[str], **kwargs: Any) -> Any:
     default="info",
     show_default=True,
 )
+@_option(
+    "--log-format",
+    envvar="PGQUEUE_API_LOG_FORMAT",
+    type=click.Choice(logs.FORMATS),
+    default="text",
+    show_default=True,
+    help="json: one JSON object per line, with request_id (from X-Request-ID, or new) "
+    "and job_id fields.",
+)
 def api(
     host: str,
     port: int,
@@ -157,9 +179,12 @@ def api(
     max_body_bytes: int,
     pool_size: int,
     no_prepare: bool,
+    no_ui: bool,
+    reject_unserved_tasks: bool,
     run_migrations: bool,
     access_log: bool,
     log_level: str,
+    log_format: str,
 ) -> None:
     """Serve the pgqueue HTTP API.
 
@@ -192,6 +217,8 @@ def api(
             api_settings.ENV_MAX_BODY_BYTES: str(max_body_bytes),
             api_settings.ENV_POOL_SIZE: str(pool_size),
             api_settings.ENV_PREPARE: "1" if prepare else "0",
+            api_settings.ENV_NO_UI: "1" if no_ui else "0",
+            api_settings.ENV_REJECT_UNSERVED_TASKS: "1" if reject_unserved_tasks else "0",
         }
     )
     if token_file is not None:
@@ -210,7 +237,7 @@ def api(
         host=host,
         port=port,
         workers=workers,
-        log_config=logging_config(log_level),
+        log_config=logging_config(log_level, log_format),
         log_level=log_level,
         access_log=access_log,
     )
@@ -232,7 +259,7 @@ def describe_settings(settings: ApiSettings, workers: int) -> str:
         f"{settings.max_body_bytes} bytes, prepared statements "
         f"{'on' if settings.prepare else 'off'}, "
         f"{len(settings.tokens)} API token{'s' if len(settings.tokens) != 1 else ''}, "
-        f"/metrics {metrics}"
+        f"/metrics {metrics}, dashboard {'at /ui' if settings.ui else 'off'}"
     )
 
 
@@ -263,13 +290,7 @@ def check_port_free(host: str, port: int) -> None:
             raise click.ClickException(f"cannot listen on {host}:{port}: {reason}") from None
 
 
-def logging_config(level: str = "info") -> dict[str, Any]:
+def logging_config(level: str = "info", log_format: str = "text") -> dict[str, Any]:
     """uvicorn's logging set-up, with pgqueue's own messages printed the same way, at
-    the same ``--log-level``."""
-    config = copy.deepcopy(uvicorn.config.LOGGING_CONFIG)
-    config["loggers"]["pgqueue"] = {
-        "handlers": ["default"],
-        "level": level.upper(),
-        "propagate": False,
-    }
-    return config
+    the same ``--log-level``, as text or JSON (see :mod:`pgqueue_api.logs`)."""
+    return logs.logging_config(level, log_format)

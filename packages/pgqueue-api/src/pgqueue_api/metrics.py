@@ -9,18 +9,21 @@ own default metrics out, as they would differ between API processes behind one a
 from __future__ import annotations
 
 from collections.abc import Iterator
+from itertools import accumulate
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import (
     CounterMetricFamily,
     GaugeMetricFamily,
+    HistogramMetricFamily,
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
 
 from pgqueue import JobState, Queue
-from pgqueue.queue import UNSERVED_AFTER_SECONDS, MetricsSnapshot
+from pgqueue.queue import MetricsSnapshot
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 """The Prometheus text exposition format that ``generate_latest`` writes."""
@@ -54,26 +57,80 @@ def families(snapshot: MetricsSnapshot) -> list[Metric]:
         labels=["queue"],
     )
     unserved = GaugeMetricFamily(
-        "pgqueue_jobs_unserved",
-        f"Queued jobs runnable for over {UNSERVED_AFTER_SECONDS:g} s while no job of their "
-        "queue and task was running: most likely no running worker serves their task in "
-        "their queue. By queue and task; only pairs with such jobs appear.",
+        "pgqueue_unserved_jobs",
+        "Queued jobs whose task no live worker (in the worker registry) serves in their "
+        "queue. By queue and task; only pairs with such jobs appear.",
         labels=["queue", "task"],
     )
     for entry in snapshot.unserved:
         unserved.add_metric([entry.queue, entry.task], entry.jobs)
+    workers = GaugeMetricFamily(
+        "pgqueue_workers",
+        "Live workers (in the worker registry) serving each queue.",
+        labels=["queue"],
+    )
+    for queue_name, count in sorted(snapshot.workers.items()):
+        workers.add_metric([queue_name], count)
+    oldest = GaugeMetricFamily(
+        "pgqueue_queue_oldest_runnable_age_seconds",
+        "How long the oldest job that could run now has waited, by queue (0 when none waits).",
+        labels=["queue"],
+    )
+    for queue in snapshot.queues:
+        oldest.add_metric([queue.queue], queue.oldest_runnable_age_seconds or 0.0)
+    run_seconds = HistogramMetricFamily(
+        "pgqueue_job_run_seconds",
+        "How long succeeded attempts ran, from claim to ack on the database clock, by "
+        "queue and task; counted by the ack statement, so every attempt of every worker.",
+        labels=["queue", "task"],
+    )
+    for histogram in snapshot.run_times:
+        run_seconds.add_metric(
+            [histogram.queue, histogram.task],
+            buckets=list(
+                zip(
+                    [floatToGoString(bound) for bound in histogram.bounds],
+                    accumulate(histogram.counts),
+                    strict=True,
+                )
+            ),
+            sum_value=histogram.seconds,
+        )
     for queue in snapshot.queues:
         for state in JobState:
             jobs.add_metric([queue.queue, state.value], queue.jobs[state.value])
         completed.add_metric([queue.queue], queue.completed)
         failures.add_metric([queue.queue], queue.failures)
-    return [jobs, completed, failures, unserved]
+    return [jobs, completed, failures, unserved, oldest, run_seconds, workers]
+
+
+class ScheduleCollector(Collector):
+    """``pgqueue_schedule_last_run_timestamp_seconds{schedule}``: when each schedule's
+    last job was enqueued, from the small schedules table (one short query a scrape)."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.queue = queue
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        last_run = GaugeMetricFamily(
+            "pgqueue_schedule_last_run_timestamp_seconds",
+            "When each schedule's last job was enqueued (Unix time, database clock); only "
+            "schedules that ran appear.",
+            labels=["schedule"],
+        )
+        for name, seconds in self.queue.schedule_last_runs().items():
+            last_run.add_metric([name], seconds)
+        yield last_run
 
 
 def metrics_registry(queue: Queue) -> CollectorRegistry:
-    """A registry holding only pgqueue's collector for ``queue``."""
+    """A registry holding only pgqueue's collectors for ``queue``."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(QueueCollector(queue))
+    registry.register(ScheduleCollector(queue))
     return registry
 
 

@@ -22,6 +22,7 @@ from pgqueue import IdempotencyConflict, JobSpec, Queue, ValidationError, valida
 from pgqueue import Job as StoredJob
 from pgqueue_api import schemas
 from pgqueue_api.errors import conflict_response
+from pgqueue_api.logs import note_job
 from pgqueue_api.schemas import (
     IDEMPOTENCY_CONFLICT,
     INVALID,
@@ -38,6 +39,7 @@ from pgqueue_api.schemas import (
     job_body,
 )
 from pgqueue_api.strict_json import StrictJSONRoute
+from pgqueue_api.unserved import refuse_unserved
 
 
 async def current_queue(request: Request) -> Queue:
@@ -64,6 +66,7 @@ def job_spec(job: JobCreate) -> JobSpec:
         idempotency_key=job.idempotency_key,
         max_attempts=job.max_attempts,
         timeout_seconds=job.timeout_seconds,
+        unique_key=job.unique_key,
     )
 
 
@@ -74,6 +77,7 @@ def json_response(body: Any, status_code: int = 200) -> Response:
 
 
 def _job_response(action: Callable[[int], StoredJob], job_id: int) -> Response:
+    note_job(job_id)
     return json_response(job_body(action(job_id)))
 
 
@@ -88,7 +92,7 @@ def _job_response(action: Callable[[int], StoredJob], job_id: int) -> Response:
             "model": schemas.Job,
             "description": (
                 "The idempotency key belongs to this job, which has the same task, queue "
-                "and payload."
+                "and payload; or this queued or running job holds the unique key."
             ),
         },
         **IDEMPOTENCY_CONFLICT,
@@ -97,19 +101,27 @@ def _job_response(action: Callable[[int], StoredJob], job_id: int) -> Response:
         **UNAVAILABLE,
     },
 )
-async def enqueue_job(job: JobCreate, queue: QueueDep) -> Response:
+async def enqueue_job(job: JobCreate, queue: QueueDep, request: Request) -> Response:
     """Add a job. With an `idempotency_key` that a job in the table already has, that job
     is returned with 200 instead, also when the duplicates arrive at the same time;
     if that job has another task, queue or payload, the answer is 409 naming what
-    differs (priority and timing are not compared)."""
-    return await run_in_threadpool(_enqueue_one, queue, job)
+    differs (priority and timing are not compared). With a `unique_key` that a queued or
+    running job holds, that job is returned with 200, not compared; a finished job
+    holds no unique key."""
+    reject = request.app.state.settings.reject_unserved_tasks
+    return await run_in_threadpool(_enqueue_one, queue, job, reject)
 
 
-def _enqueue_one(queue: Queue, job: JobCreate) -> Response:
+def _enqueue_one(queue: Queue, job: JobCreate, reject_unserved: bool = False) -> Response:
+    if reject_unserved:
+        refuse_unserved(queue, [(job.queue, job.task)], in_batch=False)
     try:
-        outcome = queue.enqueue_many([job_spec(job)])[0]
+        # One job: a keyless one is a single autocommit statement (Queue.enqueue's path),
+        # a round trip where a batch of one would take three.
+        outcome = queue.enqueue_spec(job_spec(job))
     except IdempotencyConflict as exc:
         return conflict_response(exc, in_batch=False)
+    note_job(outcome.job.id)
     return json_response(job_body(outcome.job), 201 if outcome.created else 200)
 
 
@@ -120,15 +132,19 @@ def _enqueue_one(queue: Queue, job: JobCreate) -> Response:
     summary="Enqueue many jobs",
     responses={**IDEMPOTENCY_CONFLICT, **TOO_LARGE, **INVALID, **UNAVAILABLE},
 )
-async def enqueue_jobs(batch: JobBatchCreate, queue: QueueDep) -> Response:
+async def enqueue_jobs(batch: JobBatchCreate, queue: QueueDep, request: Request) -> Response:
     """Add up to 1,000 jobs in one statement: all of them or, on any error, none. Items
     come back in request order, each saying whether it was created or its idempotency
-    key already belonged to a job. An item whose key belongs to a job with another task,
-    queue or payload makes the answer 409, naming it, and nothing is enqueued."""
-    return await run_in_threadpool(_enqueue_many, queue, batch)
+    key already belonged to a job (or a queued or running job held its unique key). An
+    item whose idempotency key belongs to a job with another task, queue or payload
+    makes the answer 409, naming it, and nothing is enqueued."""
+    reject = request.app.state.settings.reject_unserved_tasks
+    return await run_in_threadpool(_enqueue_many, queue, batch, reject)
 
 
-def _enqueue_many(queue: Queue, batch: JobBatchCreate) -> Response:
+def _enqueue_many(queue: Queue, batch: JobBatchCreate, reject_unserved: bool = False) -> Response:
+    if reject_unserved:
+        refuse_unserved(queue, [(job.queue, job.task) for job in batch.jobs], in_batch=True)
     specs = []
     for index, job in enumerate(batch.jobs):
         try:
@@ -204,7 +220,13 @@ async def cancel_job(job_id: JobId, queue: QueueDep) -> Response:
     summary="Retry a job",
     responses={
         **NOT_FOUND,
-        409: {"model": ErrorResponse, "description": "The job is neither dead nor cancelled."},
+        409: {
+            "model": ErrorResponse,
+            "description": (
+                "The job is neither dead nor cancelled, or another queued or running job "
+                "holds its unique key."
+            ),
+        },
         **TOO_LARGE,
         **INVALID,
         **UNAVAILABLE,

@@ -31,8 +31,9 @@ health_router = APIRouter(route_class=StrictJSONRoute, tags=["operations"])
     "/queues", response_model=QueueList, summary="Queue overview", responses=UNAVAILABLE
 )
 async def list_queues(queue: QueueDep) -> QueueList:
-    """Every queue that holds jobs: how many are in each state, and how long the oldest
-    job that could run now has waited."""
+    """Every queue that holds jobs or settings: how many jobs are in each state, how long
+    the oldest job that could run now has waited, whether it is paused, its limits, and
+    its queued jobs per task that no live worker serves."""
     stats = await run_in_threadpool(queue.stats)
     return QueueList(queues=[QueueSummary.from_stats(queue_stats) for queue_stats in stats])
 
@@ -51,9 +52,11 @@ async def list_queues(queue: QueueDep) -> QueueList:
 )
 async def metrics(request: Request) -> Response:
     """`pgqueue_jobs{queue,state}`, `pgqueue_jobs_completed_total`,
-    `pgqueue_job_failures_total` and the `pgqueue_enqueue_to_start_seconds` histogram,
-    all read from one database snapshot, and `pgqueue_jobs_unserved{queue,task}`: queued
-    jobs runnable for over five minutes with no job of their queue and task running."""
+    `pgqueue_job_failures_total`, `pgqueue_queue_oldest_runnable_age_seconds{queue}` and
+    the `pgqueue_job_run_seconds{queue,task}` histogram of succeeded attempts' run
+    times, all read from one database snapshot; then, from the worker registry,
+    `pgqueue_unserved_jobs{queue,task}` (queued jobs whose task no live worker serves in
+    their queue) and `pgqueue_workers{queue}` (live workers serving each queue)."""
     text = await run_in_threadpool(render, request.app.state.metrics_registry)
     return Response(text, media_type=CONTENT_TYPE)
 

@@ -99,6 +99,17 @@ class JobCreate(_Request):
             "enqueueing it again returns that job instead of a new one."
         ),
     )
+    unique_key: StrictStr | None = Field(
+        default=None,
+        min_length=1,
+        max_length=validation.IDEMPOTENCY_KEY_MAX_LENGTH,
+        description=(
+            "At most one queued or running job per key: while one holds it, enqueueing "
+            "returns that job (200) instead of a new one, whatever its task, queue and "
+            "payload; once it has finished, the key is free again. An idempotency key "
+            "is checked first."
+        ),
+    )
     max_attempts: StrictInt = Field(
         default=5,
         ge=1,
@@ -182,6 +193,9 @@ class Job(_Response):
     max_attempts: int = Field(description="Claims allowed before the job is dead.")
     timeout_seconds: float | None = Field(description="Time limit of one attempt, if any.")
     idempotency_key: str | None = Field(description="The key it was enqueued with, if any.")
+    unique_key: str | None = Field(
+        description="The unique key it was enqueued with, if any (held while queued or running)."
+    )
     last_error: str | None = Field(
         description="The error of the latest failed attempt; null once the job has succeeded."
     )
@@ -216,7 +230,10 @@ class BatchItem(_Response):
     """One job of a batch, in request order."""
 
     created: bool = Field(
-        description="False when the idempotency key already belonged to a job, which is returned."
+        description=(
+            "False when the idempotency key already belonged to a job, or a queued or "
+            "running job held the unique key: that job is returned."
+        )
     )
     job: Job = Field(description="The job created, or the existing one.")
 
@@ -254,6 +271,16 @@ class QueueSummary(_Response):
     oldest_runnable_age_seconds: float | None = Field(
         description="How long the oldest job that could run now has waited; null if none."
     )
+    paused: bool = Field(description="Paused: workers start none of its jobs.")
+    concurrency_limit: int | None = Field(
+        description="Jobs running at once across every worker, at most; null: no limit."
+    )
+    rate_limit: float | None = Field(
+        description="Jobs started per second across every worker, at most; null: no limit."
+    )
+    unserved: dict[str, int] = Field(
+        description="Per task, the queued jobs that no live worker serves in this queue."
+    )
 
     @classmethod
     def from_stats(cls, stats: QueueStats) -> QueueSummary:
@@ -262,11 +289,15 @@ class QueueSummary(_Response):
             queue=stats.queue,
             counts=StateCounts(**stats.counts),
             oldest_runnable_age_seconds=stats.oldest_runnable_age_seconds,
+            paused=stats.paused,
+            concurrency_limit=stats.concurrency_limit,
+            rate_limit=stats.rate_limit,
+            unserved=stats.unserved,
         )
 
 
 class QueueList(_Response):
-    """Every queue that holds jobs."""
+    """Every queue that holds jobs or settings."""
 
     queues: list[QueueSummary] = Field(description="Queues in name order.")
 

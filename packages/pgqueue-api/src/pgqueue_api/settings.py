@@ -33,6 +33,8 @@ ENV_PUBLIC_METRICS = "PGQUEUE_API_PUBLIC_METRICS"
 ENV_MAX_BODY_BYTES = "PGQUEUE_API_MAX_BODY_BYTES"
 ENV_POOL_SIZE = "PGQUEUE_API_POOL_SIZE"
 ENV_PREPARE = "PGQUEUE_API_PREPARE"
+ENV_REJECT_UNSERVED_TASKS = "PGQUEUE_API_REJECT_UNSERVED_TASKS"
+ENV_NO_UI = "PGQUEUE_API_NO_UI"
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -59,6 +61,11 @@ class ApiSettings:
     """Server-side prepared statements; off behind PgBouncer in transaction mode."""
     health_timeout: float = DEFAULT_HEALTH_TIMEOUT
     """How long ``/healthz`` waits for the database before it answers 503."""
+    reject_unserved_tasks: bool = False
+    """Refuse (422) a job whose task no live worker serves in its queue (see
+    :mod:`pgqueue_api.unserved`)."""
+    ui: bool = True
+    """Serve the dashboard under ``/ui`` (``--no-ui`` turns it off)."""
 
     def __post_init__(self) -> None:
         check_schema(self.schema)
@@ -91,6 +98,8 @@ class ApiSettings:
             max_body_bytes=_int(env, ENV_MAX_BODY_BYTES, DEFAULT_MAX_BODY_BYTES),
             pool_size=_int(env, ENV_POOL_SIZE, DEFAULT_POOL_SIZE),
             prepare=is_true(env.get(ENV_PREPARE, "1")),
+            reject_unserved_tasks=is_true(env.get(ENV_REJECT_UNSERVED_TASKS, "")),
+            ui=not is_true(env.get(ENV_NO_UI, "")),
         )
 
 

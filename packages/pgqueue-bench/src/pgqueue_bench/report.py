@@ -531,6 +531,53 @@ def faults_footer(document: dict[str, Any]) -> str:
     )
 
 
+def _model_versions(document: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """The model document's per-version runs, newest major first."""
+    versions = document.get("postgresql") or {}
+    return [
+        (major, versions[major])
+        for major in sorted(versions, key=lambda major: int(major), reverse=True)
+        if "steps" in versions[major]
+    ]
+
+
+def model_section(document: dict[str, Any]) -> list[str]:
+    """One row per PostgreSQL version the state-machine model ran on."""
+    rows = [
+        [
+            f"PostgreSQL {major}",
+            f"{run['seconds'] / 60:.0f} min",
+            _count(run["examples"]),
+            _count(run["steps"]),
+            _count(run["invariant_checks"]),
+            _count(run["failures"]),
+        ]
+        for major, run in _model_versions(document)
+    ]
+    return [
+        "### The state machine against its model",
+        "",
+        "Hypothesis drives the real queue on real PostgreSQL through random sequences of "
+        "enqueues, claims by two workers, heartbeats, acks and failures (current and "
+        "stale leases), lease expiry, reaping, cancels, retries, pruning, pauses and "
+        "concurrency limits, and compares every job and every count with a model after "
+        "each step (`tests/model`, `nox -s model`).",
+        "",
+        *_table(["server", "ran", "examples", "steps", "invariant checks", "failures"], rows),
+        "",
+    ]
+
+
+def model_footer(document: dict[str, Any]) -> str:
+    """The model's 'Ran on' line: the machine and the run."""
+    machine = document.get("environment", {}).get("machine", {})
+    return (
+        f"Ran on: {machine.get('cpu_count')} CPUs ({machine.get('cpu_model')}), "
+        f"{machine.get('memory_gib')} GiB, Python {machine.get('python')}, "
+        f"{document.get('created_at', '')[:10]}. Raw data: `results/model.json`."
+    )
+
+
 SECTIONS = {
     "throughput": throughput_section,
     "latency": latency_section,
@@ -540,19 +587,27 @@ SECTIONS = {
     "crash": crash_section,
     "restart": restart_section,
     "faults": faults_section,
+    "model": model_section,
 }
 
 # Sections whose document does not fit :func:`hardware` (one server, in "environment")
 # write their own "Ran on" line.
-FOOTERS: dict[str, Callable[[dict[str, Any]], str]] = {"faults": faults_footer}
+FOOTERS: dict[str, Callable[[dict[str, Any]], str]] = {
+    "faults": faults_footer,
+    "model": model_footer,
+}
 
 
 def has_figures(document: dict[str, Any] | None) -> bool:
     """Whether a results document holds anything to show: runs (the benchmarks) or, per
-    PostgreSQL version, scenarios (the faults)."""
+    PostgreSQL version, scenarios (the faults) or a run of the model."""
     if not document:
         return False
-    return bool(document.get("runs")) or bool(_fault_versions(document))
+    return (
+        bool(document.get("runs"))
+        or bool(_fault_versions(document))
+        or bool(_model_versions(document))
+    )
 
 
 def render(directory: Path | str | None = None) -> str:

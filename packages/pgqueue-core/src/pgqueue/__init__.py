@@ -10,6 +10,8 @@ from pgqueue.errors import (
     LeaseLost,
     NoDatabaseConfigured,
     PgQueueError,
+    QueueNotFound,
+    UniqueKeyHeld,
     ValidationError,
 )
 from pgqueue.hookspecs import hookimpl
@@ -17,8 +19,11 @@ from pgqueue.job import EnqueueResult, Job, JobState, Lease
 from pgqueue.migrations import migrate
 from pgqueue.plugins import LifecycleHooks, TaskHandler, collect_tasks, get_plugin_manager
 from pgqueue.queue import AckBatch, JobPage, JobSpec, Queue, QueueStats, Waiter
+from pgqueue.queue_control import UNSET, QueueInfo
+from pgqueue.registry import UnservedTask, WorkerInfo, WorkerRegistration
 
 __all__ = [
+    "UNSET",
     "AckBatch",
     "DatabaseUnavailable",
     "EnqueueResult",
@@ -36,10 +41,16 @@ __all__ = [
     "NoDatabaseConfigured",
     "PgQueueError",
     "Queue",
+    "QueueInfo",
+    "QueueNotFound",
     "QueueStats",
     "TaskHandler",
+    "UniqueKeyHeld",
+    "UnservedTask",
     "ValidationError",
     "Waiter",
+    "WorkerInfo",
+    "WorkerRegistration",
     "backoff_seconds",
     "collect_tasks",
     "get_plugin_manager",

@@ -23,7 +23,7 @@ from pgqueue.dev import dev
 from pgqueue.errors import NoDatabaseConfigured, PgQueueError
 from pgqueue.job import FINISHED_STATES, JobState
 from pgqueue.plugins import BrokenPlugin, describe_plugins, get_plugin_manager, plugin_error
-from pgqueue.queue import UNSERVED_AFTER_SECONDS, Queue, error_line
+from pgqueue.queue import Queue, error_line
 from pgqueue.settings import DEFAULT_QUEUE, DEFAULT_SCHEMA, check_schema, resolve_database_url
 
 COMMANDS_GROUP = "pgqueue.commands"
@@ -231,6 +231,9 @@ def migrate(database_url: str | None, schema: str) -> None:
 @click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
 @click.option("--delay", "delay_seconds", type=float, help="Seconds before the job may run.")
 @click.option("--idempotency-key", help="Enqueue at most once per key.")
+@click.option(
+    "--unique-key", help="While a queued or running job holds this key, print that job instead."
+)
 @click.option("--max-attempts", type=int, default=5, show_default=True)
 @click.option("--timeout", "timeout_seconds", type=float, help="Per-attempt time limit in seconds.")
 @database_options
@@ -257,10 +260,10 @@ def enqueue(
 def status(database_url: str | None, schema: str, as_json: bool) -> None:
     """Counts of jobs per queue and state.
 
-    The unserved column counts queued jobs that have been runnable for over five minutes
-    while no job of their queue and task was running: most likely no running worker
-    serves their task in their queue (a misspelt task name, a queue nobody serves).
-    The tasks are listed below the table."""
+    The unserved column counts queued jobs whose task no live worker serves in their
+    queue, as the worker registry shows it (a misspelt task name, a queue nobody
+    serves). The tasks are listed below the table. `pgqueue queue list` shows the
+    queues' settings, `pgqueue workers` the workers."""
     with open_queue(database_url, schema) as queue:
         stats = queue.stats()
     if as_json:
@@ -290,11 +293,10 @@ def status(database_url: str | None, schema: str, as_json: bool) -> None:
     unserved = [(s.queue, task, jobs) for s in stats for task, jobs in s.unserved.items()]
     if unserved:
         click.echo("")
-        after = f"{UNSERVED_AFTER_SECONDS / 60:g} minutes"
         for queue_name, task, jobs in unserved:
             click.echo(
-                f"unserved: {jobs} {task!r} jobs in queue {queue_name!r} runnable for over "
-                f"{after}, none running: is a worker serving task {task!r} in that queue?"
+                f"unserved: {jobs} {task!r} jobs in queue {queue_name!r}, and no live worker "
+                f"serves task {task!r} in that queue"
             )
 
 
@@ -483,3 +485,15 @@ dev.epilog = exit_status_help(
     ("", "at least 1"),
 )
 main.add_command(dev)
+
+# The operator's commands, in a module of their own (it imports this one).
+from pgqueue.cli_operating import queue_group, workers  # noqa: E402
+
+main.add_command(workers)
+main.add_command(queue_group)
+
+# The schedule commands, likewise.
+from pgqueue.cli_schedules import schedule_group, schedules  # noqa: E402
+
+main.add_command(schedules)
+main.add_command(schedule_group)

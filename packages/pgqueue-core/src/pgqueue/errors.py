@@ -26,6 +26,14 @@ class JobNotFound(PgQueueError, LookupError):
         self.job_id = job_id
 
 
+class QueueNotFound(PgQueueError, LookupError):
+    """No queue has this name: it never had a job, and no operator configured it."""
+
+    def __init__(self, queue: str) -> None:
+        super().__init__(f"queue {queue!r} not found")
+        self.queue = queue
+
+
 class InvalidTransition(PgQueueError):
     """The job is not in a state the requested change can leave (cancel a finished job)."""
 
@@ -34,6 +42,24 @@ class InvalidTransition(PgQueueError):
         self.job_id = job_id
         self.state = state
         self.action = action
+
+
+class UniqueKeyHeld(InvalidTransition):
+    """A finished job cannot be retried while another queued or running job holds its
+    unique key: the retry is refused (nothing changes), naming that job."""
+
+    def __init__(self, job_id: int, state: str, unique_key: str, holder_id: int | None) -> None:
+        holder = f"job {holder_id}" if holder_id is not None else "another job"
+        PgQueueError.__init__(
+            self,
+            f"cannot retry job {job_id}: its unique key {unique_key!r} is held by {holder},"
+            " which is queued or running",
+        )
+        self.job_id = job_id
+        self.state = state
+        self.action = "retry"
+        self.unique_key = unique_key
+        self.holder_id = holder_id
 
 
 class LeaseLost(PgQueueError):

@@ -79,6 +79,26 @@ def register_tasks(register: Callable[..., None]) -> None:
 
 
 @hookspec
+def register_schedules(register: Callable[..., None]) -> None:
+    """Declare periodic jobs.
+
+    Call ``register(name, cron, task, payload=None, queue="default", priority=0,
+    timezone="UTC", max_attempts=None)`` once per schedule: every tick of ``cron`` in
+    ``timezone`` enqueues one job of ``task`` with ``payload`` into ``queue``, however
+    many workers run. ``cron`` is a 5-field expression (``30 2 * * *``), or 6 fields
+    with a leading seconds field (``*/10 * * * * *``); ``timezone`` is an IANA name
+    (``Europe/Berlin``). ``max_attempts`` None gives the jobs the default.
+
+    Names are unique across every plugin. A declaration that cannot work (an invalid
+    expression, an unknown time zone, a name declared twice) raises
+    :class:`~pgqueue.schedules.ScheduleError`, and ``pgqueue worker`` does not start.
+    Each worker writes its plugins' schedules to the database when it starts; see
+    :mod:`pgqueue.schedules` for ticks across daylight saving time and
+    :mod:`pgqueue.schedule_store` for what a changed or removed declaration does.
+    """
+
+
+@hookspec
 def on_start(job: Job) -> None:
     """A job's handler is about to be called (``job.attempts`` is this attempt's
     number). Runs on the handler's thread, after the claim committed, and counts

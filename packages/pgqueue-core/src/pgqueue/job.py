@@ -64,11 +64,17 @@ class Job:
     with ``attempt``, ``failed_at`` (ISO 8601 text), ``worker_id`` and ``error``."""
     result: Any
     idempotency_key: str | None
+    trace_context: dict[str, str] | None = None
+    """The W3C trace context (``traceparent``, ``tracestate``) of the span that
+    enqueued the job, when the producer was tracing (see :mod:`pgqueue.tracing`)."""
+    unique_key: str | None = None
+    """The unique key it was enqueued with, if any: while the job is queued or running,
+    no other job with this key can be enqueued (see :mod:`pgqueue.keyed`)."""
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
         """Build a Job from a dict row; columns this version does not know are ignored."""
-        values = {name: row[name] for name in _JOB_FIELDS}
+        values = {name: row[name] for name in _JOB_FIELDS if name in row}
         values["state"] = JobState(values["state"])
         # NULL in the table: no attempt has failed (migration 0006).
         values["errors"] = values["errors"] or []

@@ -14,7 +14,7 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -25,21 +25,25 @@ import psycopg.errors
 import psycopg_pool
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
+from psycopg.rows import dict_row
 
-from pgqueue import history, jsonb, queries, validation
+from pgqueue import bulk, history, jsonb, keyed, queries, tracing, validation
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS, backoff_seconds
 from pgqueue.deadlines import WATCHDOG, DeadlineExceeded
 from pgqueue.errors import (
     DatabaseUnavailable,
     IdempotencyConflict,
-    IdempotencyMismatch,
     InvalidTransition,
     JobNotFound,
     LeaseLost,
+    UniqueKeyHeld,
     ValidationError,
 )
 from pgqueue.job import FINISHED_STATES, EnqueueResult, Job, JobState, Lease
 from pgqueue.locks import advisory_key
+from pgqueue.queue_control import QueueControlMethods
+from pgqueue.registry import NO_WORKER, RegistryMethods, UnservedTask, WorkerRegistration
+from pgqueue.schedule_store import ScheduleMethods
 from pgqueue.settings import (
     DEFAULT_LEASE_SECONDS,
     DEFAULT_MAX_ATTEMPTS,
@@ -93,6 +97,9 @@ class JobSpec:
     idempotency_key: str | None = None
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     timeout_seconds: float | None = None
+    unique_key: str | None = None
+    """While a queued or running job holds this key, enqueueing another returns that job
+    instead (see :mod:`pgqueue.keyed`)."""
 
     def __post_init__(self) -> None:
         validation.name("task", self.task)
@@ -107,20 +114,37 @@ class JobSpec:
             validation.run_at(self.run_at)
         if self.idempotency_key is not None:
             validation.idempotency_key(self.idempotency_key)
+        if self.unique_key is not None:
+            validation.unique_key(self.unique_key)
         if self.timeout_seconds is not None:
             validation.seconds("timeout_seconds", self.timeout_seconds, positive=True)
         # Validate (and measure) the payload once; the text is what gets stored.
         object.__setattr__(self, "_payload_text", validation.payload(self.payload))
 
-    def queued_job(self, job_id: int, run_at: datetime, enqueued_at: datetime) -> Job:
+    @property
+    def payload_text(self) -> str:
+        """The payload as the JSON text that is stored (validated and measured once)."""
+        return self._payload_text  # type: ignore[attr-defined]
+
+    def queued_job(
+        self,
+        job_id: int,
+        run_at: datetime,
+        enqueued_at: datetime,
+        *,
+        loaded_payload: dict[str, Any] | None = None,
+    ) -> Job:
         """The job this spec became, as the table holds it right after the insert that
-        gave it ``job_id`` and those times (the rest is the spec's)."""
+        gave it ``job_id`` and those times (the rest is the spec's). ``loaded_payload``
+        is :attr:`payload_text` already loaded, by a caller that loads many at once."""
+        if loaded_payload is None:
+            # As the table gives it back: the stored JSON text, loaded.
+            loaded_payload = jsonb.load_json(self.payload_text.encode())
         return Job(
             id=job_id,
             queue=self.queue,
             task=self.task,
-            # As the table gives it back: the stored JSON text, loaded.
-            payload=jsonb.load_json(self._payload_text.encode()),  # type: ignore[attr-defined]
+            payload=loaded_payload,
             priority=self.priority,
             state=JobState.QUEUED,
             run_at=run_at,
@@ -151,6 +175,7 @@ class JobSpec:
             "max_attempts": self.max_attempts,
             "timeout_seconds": self.timeout_seconds,
             "idempotency_key": self.idempotency_key,
+            "trace_context": None,  # JSON text, set by an enqueue that is traced
         }
 
 
@@ -187,34 +212,33 @@ class JobPage:
     next_after: int | None
 
 
-UNSERVED_AFTER_SECONDS = 300.0
-"""A queued job counts as unserved once it has been runnable this long while no job of
-its queue and task was running (see :meth:`Queue.unserved`)."""
-UNSERVED_SCAN_LIMIT = 1000
-"""Jobs :meth:`Queue.unserved` looks at per queue, at most, in claim order."""
-
-
-@dataclass(frozen=True)
-class UnservedTask:
-    """Queued jobs of one queue and task that no worker is taking (see
-    :meth:`Queue.unserved`)."""
-
-    queue: str
-    task: str
-    jobs: int
-    """How many have been runnable for longer than the threshold (at most
-    UNSERVED_SCAN_LIMIT per queue are looked at)."""
-
-
 @dataclass(frozen=True)
 class QueueStats:
-    """Counts per state for one queue, and how long its oldest runnable job has waited."""
+    """Counts per state for one queue, how long its oldest runnable job has waited, and
+    its operator settings (see :meth:`Queue.update_queue`)."""
 
     queue: str
     counts: dict[str, int]
     oldest_runnable_age_seconds: float | None
     unserved: dict[str, int] = field(default_factory=dict)
-    """Per task, the queued jobs that no worker is taking (see :meth:`Queue.unserved`)."""
+    """Per task, the queued jobs that no live worker serves (see :meth:`Queue.unserved`)."""
+    paused: bool = False
+    concurrency_limit: int | None = None
+    """Jobs running at once across every worker, at most; None: no limit."""
+    rate_limit: float | None = None
+    """Jobs started per second across every worker, at most; None: no limit."""
+
+
+@dataclass(frozen=True)
+class FinishedMinute:
+    """How many jobs of one queue finished in one state during one minute (see
+    :meth:`Queue.finished_per_minute`)."""
+
+    queue: str
+    state: str
+    minute: datetime
+    """The minute's start, on the database clock."""
+    jobs: int
 
 
 @dataclass(frozen=True)
@@ -228,6 +252,23 @@ class QueueMetrics:
     """Attempts that succeeded, ever; pruning does not lower it."""
     failures: int
     """Attempts that failed or whose lease expired, ever."""
+    oldest_runnable_age_seconds: float | None = None
+    """How long the oldest runnable queued job has waited; None when none is."""
+
+
+@dataclass(frozen=True)
+class RunTimes:
+    """The run-time histogram of one queue and task's succeeded attempts: seconds from
+    claim to ack, on the database clock, counted by the ack statement."""
+
+    queue: str
+    task: str
+    bounds: list[float]
+    """Each bucket's upper bound, ascending; the last is infinity."""
+    counts: list[int]
+    """Attempts per bucket (not cumulative), one per bound."""
+    seconds: float
+    """The run times of them all, added up."""
 
 
 @dataclass(frozen=True)
@@ -235,9 +276,14 @@ class MetricsSnapshot:
     """Every queue's figures, read in one database snapshot."""
 
     queues: list[QueueMetrics]
+    run_times: list[RunTimes] = field(default_factory=list)
+    """The run-time histogram per queue and task (see :meth:`Queue.run_times`)."""
     unserved: list[UnservedTask] = field(default_factory=list)
-    """Queued jobs that no worker is taking, per queue and task (see
+    """Queued jobs that no live worker serves, per queue and task (see
     :meth:`Queue.unserved`), read right after the rest."""
+    workers: dict[str, int] = field(default_factory=dict)
+    """Live workers serving each queue (see :meth:`Queue.workers`), read with
+    ``unserved``."""
 
 
 def connection_defaults(conninfo: str) -> dict[str, Any]:
@@ -256,7 +302,7 @@ def default_worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
-class Queue:
+class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
     """A job queue in one PostgreSQL schema.
 
     ``Queue.connect(url)`` opens a connection pool; ``Queue(pool)`` uses yours. The
@@ -408,11 +454,16 @@ class Queue:
         idempotency_key: str | None = None,
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         timeout_seconds: float | None = None,
+        unique_key: str | None = None,
         conn: psycopg.Connection | None = None,
     ) -> EnqueueResult:
         """Add one job; with an ``idempotency_key`` already in the table, return that job
         (``created=False``) if it has the same task, queue and payload, and raise
         :class:`~pgqueue.errors.IdempotencyConflict` if not.
+
+        With a ``unique_key`` that a queued or running job holds, return that job
+        (``created=False``), whatever its task, queue and payload; once it has finished,
+        the key is free again. See :mod:`pgqueue.keyed` for both keys on one job.
 
         Pass ``conn`` to enqueue inside your own transaction: the job then commits or
         rolls back with your writes, and workers are woken when you commit.
@@ -427,13 +478,35 @@ class Queue:
             idempotency_key=idempotency_key,
             max_attempts=max_attempts,
             timeout_seconds=timeout_seconds,
+            unique_key=unique_key,
         )
-        if idempotency_key is not None:
+        return self.enqueue_spec(spec, conn=conn)
+
+    def enqueue_spec(
+        self, spec: JobSpec, *, conn: psycopg.Connection | None = None
+    ) -> EnqueueResult:
+        """:meth:`enqueue` of the job ``spec`` describes (for a caller that has already
+        built one, such as the HTTP API)."""
+        if spec.idempotency_key is not None or spec.unique_key is not None:
             return self.enqueue_many([spec], conn=conn)[0]
         params = spec.params()
         validation.within_limit("payload", params["payload"], self.max_payload_bytes)
+        if tracing.enabled():
+            with tracing.sending([spec.queue], [spec.task]) as sent:
+                params["trace_context"] = sent.trace_context
+                row = self._insert_one(params, conn)
+                sent.created([row["id"]])
+        else:
+            row = self._insert_one(params, conn)
+        return EnqueueResult(spec.queued_job(row["id"], row["run_at"], row["enqueued_at"]), True)
+
+    def _insert_one(self, params: dict[str, Any], conn: psycopg.Connection | None) -> Any:
+        """Run job_insert for one job's ``params``: the row of what the server decided."""
         with self._connection(conn) as c:
-            cur = jsonb.cursor(c)
+            # No jsonb comes back, so a plain cursor: one with loaders of its own (as
+            # jsonb.cursor makes) makes psycopg rebuild its adapters, about 40 us of CPU
+            # per call, more than all of pgqueue's own Python on this path.
+            cur = c.cursor(row_factory=dict_row)
             if conn is None:
                 # One statement is its own transaction: in autocommit it costs one round
                 # trip, where BEGIN, the statement and COMMIT cost more, even pipelined.
@@ -444,8 +517,7 @@ class Queue:
                     c.autocommit = False
             else:
                 cur.execute(self._sql("job_insert"), params)
-            row = cur.fetchone()
-        return EnqueueResult(spec.queued_job(row["id"], row["run_at"], row["enqueued_at"]), True)
+            return cur.fetchone()
 
     def enqueue_many(
         self, specs: Iterable[JobSpec], *, conn: psycopg.Connection | None = None
@@ -463,44 +535,70 @@ class Queue:
         transaction, which may still commit its other work. Priority, timing, attempts
         and time limit are not compared: a client retrying with other options still
         means the same job.
+
+        Items whose unique key a queued or running job holds (or an earlier item of the
+        call) return that job with ``created=False``, not compared (see
+        :mod:`pgqueue.keyed`).
         """
         specs = list(specs)
         if not specs:
             return []
-        rows = [spec.params() for spec in specs]
-        for index, row in enumerate(rows):
+        if tracing.enabled():
+            with tracing.sending([s.queue for s in specs], [s.task for s in specs]) as sent:
+                results = self._enqueue_many(specs, conn, sent.trace_context)
+                sent.created([result.job.id for result in results])
+                return results
+        return self._enqueue_many(specs, conn, None)
+
+    def _enqueue_many(
+        self, specs: list[JobSpec], conn: psycopg.Connection | None, trace_context: str | None
+    ) -> list[EnqueueResult]:
+        """enqueue_many, with ``trace_context`` (JSON text) stored with every job."""
+        for index, spec in enumerate(specs):
             try:
-                validation.within_limit("payload", row["payload"], self.max_payload_bytes)
+                validation.within_limit("payload", spec.payload_text, self.max_payload_bytes)
             except validation.TooLarge as exc:
                 exc.index = index
                 raise
+        if any(keyed.is_keyed(spec) for spec in specs):
+            return self._enqueue_keyed(specs, conn, trace_context)
+        if len(specs) >= bulk.COPY_MIN_JOBS:
+            with self._connection(conn) as c, c.transaction() if c.autocommit else nullcontext():
+                jobs = bulk.copy_jobs(c, self.schema, specs, trace_context)
+            return [EnqueueResult(job, created=True) for job in jobs]
+        rows = [spec.params() for spec in specs]
+        if trace_context is not None:
+            for row in rows:
+                row["trace_context"] = trace_context
         columns = {key: [row[key] for row in rows] for key in rows[0]}
         with self._connection(conn) as c:
+            cur = jsonb.cursor(c)
+            if conn is not None:
+                cur.execute(self._sql("job_insert_many"), columns)
+            else:
+                # A pooled connection and no key, so no conflict to check: the one
+                # statement is its own transaction, in one round trip (as in enqueue).
+                c.autocommit = True
+                try:
+                    cur.execute(self._sql("job_insert_many"), columns)
+                finally:
+                    c.autocommit = False
+            # Keyless rows always insert, in input order, so their ids follow it.
+            inserted = sorted((Job.from_row(row) for row in cur.fetchall()), key=lambda j: j.id)
+            return [EnqueueResult(job, created=True) for job in inserted]
+
+    def _enqueue_keyed(
+        self, specs: list[JobSpec], conn: psycopg.Connection | None, trace_context: str | None
+    ) -> list[EnqueueResult]:
+        """enqueue_many of specs of which some carry an idempotency or a unique key."""
+        with self._connection(conn) as c:
             # An autocommit connection would commit the insert before a conflict is
-            # found: make the statement and the check one transaction (not needed when
-            # no item has a key, as no conflict is possible then).
-            atomic = (
-                conn is not None
-                and c.autocommit
-                and any(key is not None for key in columns["idempotency_key"])
-            )
-            keyed = any(key is not None for key in columns["idempotency_key"])
+            # found or a key taken for nothing is released: make the statements one
+            # transaction.
+            atomic = conn is not None and c.autocommit
             with c.transaction() if atomic else nullcontext():
                 cur = jsonb.cursor(c)
-                if keyed or conn is not None:
-                    cur.execute(
-                        self._sql("job_insert_many_keyed" if keyed else "job_insert_many"), columns
-                    )
-                else:
-                    # A pooled connection and no key, so no conflict to check: the one
-                    # statement is its own transaction, in one round trip (as in enqueue).
-                    c.autocommit = True
-                    try:
-                        cur.execute(self._sql("job_insert_many"), columns)
-                    finally:
-                        c.autocommit = False
-                inserted = [Job.from_row(row) for row in cur.fetchall()]
-                results, conflicts = self._match_inserted(cur, specs, inserted)
+                results, conflicts = keyed.insert_keyed(cur, self.schema, specs, trace_context)
                 if conflicts:
                     if conn is not None and not atomic:
                         # The caller's transaction: take back what this call added, so
@@ -508,74 +606,9 @@ class Queue:
                         # one per call would overflow the server's subtransaction cache).
                         ids = [r.job.id for r in results if r.created]
                         cur.execute(self._sql("job_delete_created"), {"ids": ids})
-                    # On a pooled connection the transaction is rolled back.
+                    # Otherwise the transaction is rolled back.
                     raise IdempotencyConflict(conflicts, items=len(specs))
                 return results
-
-    def _match_inserted(
-        self, cur: psycopg.Cursor, specs: Sequence[JobSpec], inserted: list[Job]
-    ) -> tuple[list[EnqueueResult], list[IdempotencyMismatch]]:
-        """The result for each spec, in input order, and the specs whose key belongs to a
-        job with another task, queue or payload."""
-        by_key = {job.idempotency_key: job for job in inserted if job.idempotency_key}
-        # Keyless rows always insert, in input order, so identity values follow it.
-        keyless = iter(
-            sorted((j for j in inserted if j.idempotency_key is None), key=lambda j: j.id)
-        )
-        results: list[EnqueueResult | None] = []
-        # Items whose key was taken: by a job already in the table, or by an earlier
-        # item of this call, which the same check compares them with.
-        repeats: list[int] = []
-        claimed_keys: set[str] = set()
-        for index, spec in enumerate(specs):
-            key = spec.idempotency_key
-            if key is None:
-                results.append(EnqueueResult(next(keyless), created=True))
-            elif key in by_key and key not in claimed_keys:
-                claimed_keys.add(key)
-                results.append(EnqueueResult(by_key[key], created=True))
-            else:
-                results.append(None)
-                repeats.append(index)
-        conflicts: list[IdempotencyMismatch] = []
-        if repeats:
-            holders = self._existing_by_key(cur, [specs[index] for index in repeats])
-            for index, (job, differs) in zip(repeats, holders, strict=True):
-                results[index] = EnqueueResult(job, created=False)
-                if differs:
-                    conflicts.append(
-                        IdempotencyMismatch(index, job.idempotency_key, job.id, tuple(differs))  # type: ignore[arg-type]
-                    )
-        return results, conflicts  # type: ignore[return-value]
-
-    def _existing_by_key(
-        self, cur: psycopg.Cursor, specs: Sequence[JobSpec]
-    ) -> list[tuple[Job, list[str]]]:
-        """For each of ``specs``, the job holding its key and which of task, queue and
-        payload differ from the spec's. A key that conflicted belongs to a row committed
-        by a concurrent producer after our statement's snapshot was taken; each new
-        statement takes a new snapshot (READ COMMITTED), so a few tries always find it
-        unless it was pruned in between."""
-        found: dict[int, tuple[Job, list[str]]] = {}
-        for _ in range(10):
-            wanted = [i for i in range(len(specs)) if i not in found]
-            if not wanted:
-                return [found[i] for i in range(len(specs))]
-            params = [specs[i].params() for i in wanted]
-            cur.execute(
-                self._sql("job_get_many_by_idempotency_key"),
-                {
-                    "idempotency_keys": [p["idempotency_key"] for p in params],
-                    "tasks": [p["task"] for p in params],
-                    "queues": [p["queue"] for p in params],
-                    "payloads": [p["payload"] for p in params],
-                },
-            )
-            for row in cur.fetchall():
-                found[wanted[row["position"] - 1]] = (Job.from_row(row), row["differs"])
-        raise DatabaseUnavailable(
-            "idempotency key kept conflicting with a row that kept disappearing"
-        )
 
     # -- working ----------------------------------------------------------------
 
@@ -597,6 +630,10 @@ class Queue:
 
         A caller that LISTENs (see :meth:`listen`) passes a ``waiter``: enqueues notify
         only queues that a waiter's last claim found short of jobs.
+
+        The queues' settings hold (see :meth:`update_queue`): a paused queue gives no
+        job, a limited one no more than its concurrency and rate limits leave room for
+        across every worker.
 
         Runs no hook: ``on_start`` belongs to whoever runs the handler, when it starts
         (the Worker does; a loop of your own may call
@@ -639,14 +676,20 @@ class Queue:
             c.execute(self._sql("jobs_listen"))
 
     def heartbeat(
-        self, leases: Iterable[Lease], lease_seconds: float = DEFAULT_LEASE_SECONDS
+        self,
+        leases: Iterable[Lease],
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        *,
+        worker: WorkerRegistration | None = None,
     ) -> set[int]:
         """Extend every lease in one statement; return the ids whose lease was lost.
+        With ``worker``, the same statement renews its row in the worker registry (and
+        writes it again if it was lost), also when no lease is held.
 
         A lease whose row another transaction has locked right now (an ack, a cancel,
         the reaper) is neither extended nor reported lost: the next heartbeat decides."""
         leases = list(leases)
-        if not leases:
+        if not leases and worker is None:
             return set()
         rows = self._rows(
             "job_heartbeat_many",
@@ -654,6 +697,7 @@ class Queue:
                 "ids": [lease.job_id for lease in leases],
                 "tokens": [lease.token for lease in leases],
                 "lease_seconds": lease_seconds,
+                **(NO_WORKER if worker is None else worker.params()),
             },
         )
         return {row["id"] for row in rows}
@@ -755,6 +799,9 @@ class Queue:
         back, in claim order."""
         rows = jsonb.cursor(conn, tuples=True)
         times = conn.cursor()
+        # Limited queues' claims take turns (see job_claim_lock): in a statement of its
+        # own, so that the claim's snapshot, taken after the lock, sees the last claim.
+        conn.cursor().execute(self._sql("job_claim_lock"), params)
         rows.execute(self._sql("job_claim", mode), params)
         times.execute(self._sql("job_claim_times"), params)
         return lambda: _claimed_jobs(rows, times, params)
@@ -845,8 +892,10 @@ class Queue:
                 {"limit": limit, "base": self.retry_base, "cap": self.retry_cap},
             )
             reaped = [Job.from_row(row) for row in cur.fetchall()]
-            # And the waiting records of workers that stopped without removing them.
+            # And the waiting records and registry rows of workers that stopped
+            # without removing them.
             cur.execute(self._sql("waiters_expired_delete"))
+            cur.execute(self._sql("workers_expired_delete"))
         for job in reaped:
             self._notify_failed(job, job.last_error or "lease expired")
         return reaped
@@ -875,8 +924,16 @@ class Queue:
     def retry(self, job_id: int) -> Job:
         """Put a dead or cancelled job back to queued, runnable now, attempts reset to 0.
 
-        Raises JobNotFound, or InvalidTransition for any other state."""
-        rows = self._rows("job_retry", {"id": job_id})
+        Raises JobNotFound, or InvalidTransition for any other state; UniqueKeyHeld (an
+        InvalidTransition) if another queued or running job holds its unique key."""
+        try:
+            rows = self._rows("job_retry", {"id": job_id})
+        except psycopg.errors.UniqueViolation:
+            # Only active_jobs_unique_key_idx can refuse the move (ids are unique).
+            job = self.get(job_id)
+            holders = self._rows("job_get_many_by_unique_key", {"unique_keys": [job.unique_key]})
+            holder = holders[0]["id"] if holders else None
+            raise UniqueKeyHeld(job_id, job.state.value, job.unique_key or "", holder) from None
         if not rows:
             raise InvalidTransition(job_id, self.get(job_id).state.value, "retry")
         job = Job.from_row(rows[0])
@@ -891,8 +948,12 @@ class Queue:
         task: str | None = None,
         limit: int = 50,
         after: int | None = None,
+        above: int | None = None,
     ) -> JobPage:
-        """Jobs newest first, filtered; ``after`` is the previous page's ``next_after``."""
+        """Jobs newest first, filtered; ``after`` is the previous page's ``next_after``.
+
+        ``above`` leaves out the jobs with that id or lower: with ``after``, a window of
+        ids, which bounds how many jobs a filter that no index serves (``task``) reads."""
         if state is not None:
             try:
                 state = JobState(state).value
@@ -902,13 +963,14 @@ class Queue:
                 ) from None
         if not 1 <= limit <= 1000:
             raise ValidationError("limit", "must be between 1 and 1000")
-        params = {"queue": queue, "state": state, "task": task, "after": after}
+        params = {"queue": queue, "state": state, "task": task, "after": after, "above": above}
         # Only the filters given, each as a plain comparison: a state filter then prunes
         # the finished jobs' partitions, which "state = %(state)s OR it is null" cannot.
+        bounds = {"after": "<", "above": ">"}
         filters = sql.SQL("").join(
             sql.SQL(" AND {} {} {}").format(
-                sql.Identifier("id" if name == "after" else name),
-                sql.SQL("<" if name == "after" else "="),
+                sql.Identifier("id" if name in bounds else name),
+                sql.SQL(bounds.get(name, "=")),
                 sql.Placeholder(name),
             )
             for name, value in params.items()
@@ -923,6 +985,32 @@ class Queue:
             rows = cur.fetchall()
         jobs = [Job.from_row(row) for row in rows[:limit]]
         return JobPage(jobs=jobs, next_after=jobs[-1].id if len(rows) > limit else None)
+
+    def get_by_idempotency_key(self, key: str) -> Job | None:
+        """The job holding idempotency key ``key``, or None (the key was never used, or
+        its job was pruned)."""
+        validation.idempotency_key(key)
+        rows = self._rows("job_get_by_idempotency_key", {"key": key})
+        return Job.from_row(rows[0]) if rows else None
+
+    def get_by_unique_key(self, key: str) -> Job | None:
+        """The queued or running job holding unique key ``key``, or None (no such job:
+        a finished job keeps its ``unique_key`` but no longer holds it). Indexed
+        (active_jobs_unique_key_idx), however much history is kept."""
+        validation.unique_key(key)
+        rows = self._rows("job_get_many_by_unique_key", {"unique_keys": [key]})
+        return Job.from_row(rows[0]) if rows else None
+
+    def finished_per_minute(self, minutes: int = 60) -> list[FinishedMinute]:
+        """Jobs finished per queue, state and minute over the last ``minutes`` minutes
+        (the current one included), oldest first; minutes without any are left out.
+        Reads only those minutes' jobs, however much history is kept."""
+        if isinstance(minutes, bool) or not isinstance(minutes, int) or not 1 <= minutes <= 1440:
+            raise ValidationError("minutes", "must be an integer between 1 and 1440")
+        rows = self._rows("jobs_finished_per_minute", {"minutes": minutes})
+        return [
+            FinishedMinute(row["queue"], row["state"], row["minute"], row["jobs"]) for row in rows
+        ]
 
     def stats(self) -> list[QueueStats]:
         """Counts per queue and state, and the oldest runnable job's age, in one snapshot.
@@ -943,36 +1031,12 @@ class Queue:
                 counts={state.value: row[state.value] for state in JobState},
                 oldest_runnable_age_seconds=row["oldest_runnable_age_seconds"],
                 unserved=by_queue.get(row["queue"], {}),
+                paused=row["paused"],
+                concurrency_limit=row["concurrency_limit"],
+                rate_limit=row["rate_limit"],
             )
             for row in rows
         ]
-
-    def unserved(
-        self,
-        after_seconds: float = UNSERVED_AFTER_SECONDS,
-        *,
-        conn: psycopg.Connection | None = None,
-    ) -> list[UnservedTask]:
-        """Queued jobs that no worker is taking: per queue and task, those runnable for
-        longer than ``after_seconds`` while no job of that queue and task is running.
-
-        An approximation of "no running worker serves this task in this queue" (a
-        misspelt task name, a handler that was removed, a queue nobody serves), made
-        without knowing which workers run: it also counts a task whose workers have been
-        busy with other jobs for all that time, and it misses a task with a job that is
-        running (a stuck one, say) or whose jobs wait behind more than
-        UNSERVED_SCAN_LIMIT long-waiting jobs of their queue in claim order.
-
-        Reads queued jobs through the claim index (at most UNSERVED_SCAN_LIMIT per queue)
-        and running jobs through theirs, so it costs the same however many finished
-        jobs the table holds."""
-        validation.seconds("after_seconds", after_seconds)
-        rows = self._rows(
-            "jobs_unserved",
-            {"after_seconds": after_seconds, "limit": UNSERVED_SCAN_LIMIT},
-            conn=conn,
-        )
-        return [UnservedTask(row["queue"], row["task"], row["jobs"]) for row in rows]
 
     def prune(
         self,
@@ -1075,16 +1139,36 @@ class Queue:
         with self._connection() as conn:
             rows = self._rows("queue_stats", conn=conn)
             unserved = self.unserved(conn=conn)
+            serving = self._rows("workers_per_queue", conn=conn)
+            run_times = self.run_times(conn=conn)
         queues = [
             QueueMetrics(
                 queue=row["queue"],
                 jobs={state.value: row[state.value] for state in JobState},
                 completed=row["completed"],
                 failures=row["failures"],
+                oldest_runnable_age_seconds=row["oldest_runnable_age_seconds"],
             )
             for row in rows
         ]
-        return MetricsSnapshot(queues=queues, unserved=unserved)
+        return MetricsSnapshot(
+            queues=queues,
+            run_times=run_times,
+            unserved=unserved,
+            workers={row["queue"]: row["workers"] for row in serving},
+        )
+
+    def run_times(self, *, conn: psycopg.Connection | None = None) -> list[RunTimes]:
+        """Per queue and task, the histogram of how long succeeded attempts ran (claim
+        to ack, on the database clock), as the ack statement counts them: a few rows
+        per queue and task, however much history is kept. Pruning does not lower it."""
+        histograms = []
+        for row in self._rows("run_time_histogram", conn=conn):
+            per_bound = dict(zip(row["les"], row["attempts"], strict=True))
+            bounds = list(row["bounds"])
+            counts = [int(per_bound.get(bound, 0)) for bound in bounds]
+            histograms.append(RunTimes(row["queue"], row["task"], bounds, counts, row["seconds"]))
+        return histograms
 
     def ping(self, timeout: float = 2.0) -> None:
         """Check that the database answers a query, on a connection of its own, so neither
@@ -1295,6 +1379,7 @@ __all__ = [
     "QueueMetrics",
     "QueueStats",
     "UnservedTask",
+    "WorkerRegistration",
     "connection_defaults",
     "default_worker_id",
     "error_line",

@@ -99,19 +99,22 @@ def run_at(value: object) -> datetime:
     return value
 
 
-def idempotency_key(value: object) -> str:
+def idempotency_key(value: object, field: str = "idempotency_key") -> str:
     """An idempotency key: 1 to 255 characters."""
     if not isinstance(value, str):
-        raise ValidationError("idempotency_key", "must be a string")
+        raise ValidationError(field, "must be a string")
     if not value:
-        raise ValidationError("idempotency_key", "must not be empty")
+        raise ValidationError(field, "must not be empty")
     if len(value) > IDEMPOTENCY_KEY_MAX_LENGTH:
-        raise ValidationError(
-            "idempotency_key", f"must be at most {IDEMPOTENCY_KEY_MAX_LENGTH} characters"
-        )
+        raise ValidationError(field, f"must be at most {IDEMPOTENCY_KEY_MAX_LENGTH} characters")
     if "\x00" in value:
-        raise ValidationError("idempotency_key", "must not contain NUL characters")
+        raise ValidationError(field, "must not contain NUL characters")
     return value
+
+
+def unique_key(value: object) -> str:
+    """A unique key: the same rules as an idempotency key (1 to 255 characters)."""
+    return idempotency_key(value, "unique_key")
 
 
 def jsonb_text(field: str, value: Any) -> str:

@@ -27,11 +27,14 @@ from pgqueue.plugins import (
     plugin_error,
 )
 from pgqueue.queue import CLAIM_MODES, default_worker_id
+from pgqueue.schedules import ScheduleError, collect_schedules
 from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE, check_schema
 from pgqueue_worker import connections, logging_setup
 from pgqueue_worker.handlers import import_module, load_handlers, merge_handlers
+from pgqueue_worker.metrics import MetricsServer, WorkerMetrics
 from pgqueue_worker.outage import why_unavailable
 from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Retention
+from pgqueue_worker.scheduler import ScheduleSync
 from pgqueue_worker.signals import stop_on_signals
 from pgqueue_worker.worker import (
     DEFAULT_ASYNC_CONCURRENCY,
@@ -213,6 +216,12 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Any:
     "one worker at a time (0: never).",
 )
 @_option(
+    "no-scheduler",
+    is_flag=True,
+    help="Never enqueue due schedules here (other workers do, one at a time); this "
+    "worker still writes its plugins' schedules to the database when it starts.",
+)
+@_option(
     "claim-mode",
     type=click.Choice(CLAIM_MODES),
     default="skip-locked",
@@ -262,6 +271,27 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Any:
     show_default=True,
     help="On SIGTERM/SIGINT, how long running jobs may take to finish.",
 )
+@click.option(
+    "--metrics-port",
+    # The first names the worker, beside the API's settings in one environment; the
+    # second follows this command's PGQUEUE_<FLAG> rule.
+    envvar=["PGQUEUE_WORKER_METRICS_PORT", _env("metrics-port")],
+    show_envvar=True,
+    type=click.IntRange(1, 65535),
+    metavar="PORT",
+    help="Serve this process's Prometheus metrics over HTTP on this port (handler run "
+    "times, pickup latency, claim sizes, heartbeat and outcome-write latency, attempts "
+    "by outcome, database errors). Default: none.",
+)
+@click.option(
+    "--metrics-host",
+    envvar=["PGQUEUE_WORKER_METRICS_HOST", _env("metrics-host")],
+    show_envvar=True,
+    default="0.0.0.0",
+    show_default=True,
+    metavar="ADDRESS",
+    help="Address the --metrics-port server listens on.",
+)
 @_option(
     "log-format",
     type=click.Choice(logging_setup.FORMATS),
@@ -289,12 +319,16 @@ def worker(ctx: click.Context, **options: Any) -> None:
     worker come back, and old jobs go, even in a queue no running worker serves
     (one worker at a time does each). --prune-interval 0 leaves pruning to others.
 
+    Schedules that plugins declare (register_schedules) are written to the database
+    when the worker starts; one worker at a time enqueues their due ticks, one job per
+    tick. --no-scheduler leaves that to others (a --burst worker never does it).
+
     \b
     Exit status:
       0    stopped cleanly: by SIGTERM/SIGINT once running jobs finished, or
            with --burst once nothing is runnable
       1    did not start: an error, said in one line (schema not migrated,
-           a plugin that fails to load, ...)
+           a plugin that fails to load, a schedule that cannot work, ...)
       2    a wrong flag, or no task handlers
       3    the shutdown timeout left running jobs to their leases
       4    the database stayed unreachable for --give-up-after
@@ -311,6 +345,8 @@ class PreparedWorker:
     runner: Worker
     queue: Queue
     hooks: LifecycleHooks
+    metrics_server: MetricsServer | None = None
+    """The --metrics-port server, serving until the worker stops."""
 
     def serve(self) -> int:
         """Run until stopped by SIGTERM or SIGINT (or, with ``--burst``, out of jobs),
@@ -324,6 +360,8 @@ class PreparedWorker:
             gave_up = exc
         finally:
             self.queue.close()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
         if self.hooks.errors:
             counts = ", ".join(f"{name} {n}" for name, n in sorted(self.hooks.errors.items()))
             log.warning("lifecycle hooks raised and were ignored: %s", counts)
@@ -378,6 +416,9 @@ def prepare_worker(
     log_level: str,
     database_url: str | None,
     schema: str,
+    metrics_port: int | None = None,
+    metrics_host: str = "0.0.0.0",
+    no_scheduler: bool = False,
 ) -> PreparedWorker:
     """Everything ``pgqueue worker`` does before it starts claiming: logging, plugins and
     handlers, the connection pool, the check that the schema is migrated, and the
@@ -402,8 +443,15 @@ def prepare_worker(
     if not handlers:
         click.echo(NO_HANDLERS_HELP, err=True)
         raise click.exceptions.Exit(NO_HANDLERS_EXIT_CODE)
+    try:
+        schedules = ScheduleSync(
+            collect_schedules(pm), [name for name, plugin in pm.list_name_plugin() if plugin]
+        )
+    except ScheduleError as exc:
+        raise click.ClickException(f"not starting: {exc}") from None
 
     url = resolve_url(database_url)
+    metrics = None if metrics_port is None else WorkerMetrics()
     hooks = LifecycleHooks(pm)
     pool = connections.open_pool(url, application_name=connections.MAIN, prepare=not no_prepare)
     queue = Queue(
@@ -441,11 +489,28 @@ def prepare_worker(
                 dead=prune_dead_after,
             ),
             prune_interval=prune_interval,
+            metrics=metrics,
+            schedules=schedules,
+            scheduler=not no_scheduler,
         )
+        # Last: a port that is taken stops the worker before it serves anything.
+        server = None if metrics is None else _serve_metrics(metrics, metrics_host, metrics_port)
     except BaseException:
         queue.close()
         raise
-    return PreparedWorker(runner, queue, hooks)
+    return PreparedWorker(runner, queue, hooks, server)
+
+
+def _serve_metrics(metrics: WorkerMetrics, host: str, port: int | None) -> MetricsServer:
+    """Serve ``metrics`` on ``host:port``, or fail in one line."""
+    assert port is not None
+    try:
+        server = metrics.serve(port, host)
+    except OSError as exc:
+        reason = exc.strerror or str(exc)
+        raise click.ClickException(f"cannot serve metrics on {host}:{port}: {reason}") from None
+    log.info("serving metrics on http://%s:%d/metrics", host, server.port)
+    return server
 
 
 def _give_up_after(seconds: float | None, *, burst: bool) -> float | None:

@@ -33,7 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgqueue import Job, Lease, TaskHandler
+from pgqueue import Job, Lease, TaskHandler, tracing
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -69,7 +69,10 @@ class Attempt:
     """The coroutine handler's task has begun (set on the event loop's thread)."""
 
     def call(self) -> Any:
-        """Call the handler with what its signature asks for (see TaskHandler)."""
+        """Call the handler with what its signature asks for (see TaskHandler), in the
+        attempt's span when tracing is on (see :mod:`pgqueue.tracing`)."""
+        if tracing.enabled():
+            return tracing.consume(self.job, self.handler.call, self.is_async)
         return self.handler.call(self.job)
 
 

@@ -8,11 +8,11 @@ JSON makes them keys, so a log pipeline can filter on them.
 
 from __future__ import annotations
 
-import json
 import logging
 import sys
-from datetime import UTC, datetime
-from typing import Any, TextIO
+from typing import TextIO
+
+from pgqueue import log_format
 
 FORMATS = ("text", "json")
 LEVELS = ("debug", "info", "warning", "error")
@@ -23,51 +23,20 @@ JOB_FIELDS = ("job_id", "task", "queue", "attempt", "state", "duration")
 _NOISY_DURING_OUTAGES = ("psycopg",)
 
 
-def _job_fields(record: logging.LogRecord) -> dict[str, Any]:
-    return {
-        name: getattr(record, name)
-        for name in JOB_FIELDS
-        if getattr(record, name, None) is not None
-    }
-
-
-class JsonFormatter(logging.Formatter):
+class JsonFormatter(log_format.JsonFormatter):
     """One JSON object per record: time, level, logger, message, the job fields, the
     worker id, and the traceback if there is one."""
 
     def __init__(self, worker_id: str | None = None) -> None:
-        super().__init__()
+        super().__init__(JOB_FIELDS, static={"worker_id": worker_id} if worker_id else None)
         self.worker_id = worker_id
 
-    def format(self, record: logging.LogRecord) -> str:
-        document: dict[str, Any] = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "message": record.getMessage(),
-            **_job_fields(record),
-        }
-        if self.worker_id:
-            document["worker_id"] = self.worker_id
-        if record.exc_info:
-            document["exception"] = self.formatException(record.exc_info)
-        return json.dumps(document, default=str)
 
-
-class TextFormatter(logging.Formatter):
+class TextFormatter(log_format.TextFormatter):
     """``time LEVEL logger: message [key=value ...]``, with the job fields in brackets."""
 
     def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
-
-    def format(self, record: logging.LogRecord) -> str:
-        text = super().format(record)
-        fields = _job_fields(record)
-        if not fields:
-            return text
-        head, newline, rest = text.partition("\n")  # keep a traceback below the line
-        pairs = " ".join(f"{name}={value}" for name, value in fields.items())
-        return f"{head} [{pairs}]{newline}{rest}"
+        super().__init__(JOB_FIELDS)
 
 
 def configure(

@@ -59,6 +59,10 @@ class DatabaseHealth:
         self._seen_up = False
         self.cause: str | None = None
         """What the current (or last) outage is, in one line."""
+        self.failures = 0
+        """Database calls reported failed, ever (for the worker's metrics)."""
+        self.outages = 0
+        """Outages begun, ever: runs of failures ended by a success count once."""
 
     @property
     def down(self) -> bool:
@@ -77,9 +81,11 @@ class DatabaseHealth:
     def failed(self, where: str, error: BaseException) -> None:
         """A database call made by ``where`` failed; log it if it starts an outage."""
         with self._lock:
+            self.failures += 1
             already_down = self._down_since is not None
             if not already_down:
                 self._down_since = time.monotonic()
+                self.outages += 1
         description = _describe(error)
         pool_timeout = isinstance(error.__cause__, psycopg_pool.PoolTimeout)
         if already_down:

@@ -17,6 +17,7 @@ the worker stops or dies first, the leases expire and the jobs run again.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,11 +76,15 @@ class OutcomeWriter(HandOffService):
         *,
         health: DatabaseHealth,
         on_written: Callable[[WriteReport], None],
+        on_statement: Callable[[str, float], None] | None = None,
     ) -> None:
         super().__init__()
         self.queue = queue
         self.health = health
         self.on_written = on_written
+        self.on_statement = on_statement
+        """Told how many seconds each write took: ``("ack", seconds)`` for a batch of
+        successes, ``("fail", seconds)`` for one failure (the worker's metrics)."""
         self._waiting: list[Outcome] = []
 
     def submit(self, outcomes: list[Outcome]) -> None:
@@ -125,8 +130,11 @@ class OutcomeWriter(HandOffService):
         statement, adding each settled outcome to ``report`` and taking it out of
         ``batch``: if the database fails midway, a retry writes only what is left."""
         for outcome in [o for o in batch if o.error is not None]:
+            started = time.monotonic()
             try:
                 self.queue.fail(outcome.attempt.job, outcome.error)
+                if self.on_statement is not None:
+                    self.on_statement("fail", time.monotonic() - started)
             except LeaseLost:
                 report.lost.append(outcome)
             else:
@@ -134,7 +142,10 @@ class OutcomeWriter(HandOffService):
             batch.remove(outcome)
         if not batch:
             return
+        started = time.monotonic()
         acked = self.queue.ack_many([(o.attempt.job, o.result) for o in batch])
+        if self.on_statement is not None:
+            self.on_statement("ack", time.monotonic() - started)
         lost = set(acked.lost_leases)
         # A result the database cannot store was recorded as a failed attempt instead.
         unstored = {job.id for job in acked.failed}

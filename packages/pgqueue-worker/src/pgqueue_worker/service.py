@@ -35,6 +35,11 @@ class PeriodicService:
         database takes writes again after an outage)."""
         raise NotImplementedError
 
+    def next_delay(self) -> float:
+        """Seconds from the end of a round to the next: ``interval``, unless a service
+        knows better (the scheduler sleeps until the next tick is due)."""
+        return self.interval
+
     def start(self) -> None:
         """Start the thread."""
         self._thread.start()
@@ -62,7 +67,7 @@ class PeriodicService:
                 if wrote:
                     self.health.succeeded()
             backoff.reset()
-            delay = self.interval
+            delay = self.next_delay()
 
 
 class HandOffService:

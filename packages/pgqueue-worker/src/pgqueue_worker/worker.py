@@ -41,6 +41,7 @@ from pgqueue_worker.executor import Attempt, Executor
 from pgqueue_worker.handlers import HandlerLike, as_task_handlers
 from pgqueue_worker.heartbeat import Heartbeat
 from pgqueue_worker.leases import LeaseSet
+from pgqueue_worker.metrics import WorkerMetrics
 from pgqueue_worker.outage import (
     Backoff,
     DatabaseHealth,
@@ -50,6 +51,8 @@ from pgqueue_worker.outage import (
 from pgqueue_worker.outcomes import Outcome, OutcomeWriter, WriteReport
 from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Pruner, Retention
 from pgqueue_worker.reaper import Reaper
+from pgqueue_worker.registration import deregister, register, registration
+from pgqueue_worker.scheduler import Scheduler, ScheduleSync
 from pgqueue_worker.wakeup import Listener, WakeSignal
 
 log = logging.getLogger("pgqueue.worker")
@@ -101,6 +104,11 @@ class Worker:
     ``run()`` blocks until :meth:`stop` is called (from any thread, or a signal
     handler), or, with ``burst=True``, until no job it could claim is runnable. Jobs
     already claimed ahead still run before it returns.
+
+    ``schedules`` (a :class:`~pgqueue_worker.scheduler.ScheduleSync`) is synced to the
+    database once it starts; with ``scheduler=True`` (as ``pgqueue worker`` runs it,
+    unless ``--no-scheduler`` or ``--burst``) it also takes its turns enqueueing due
+    schedules (see :mod:`pgqueue_worker.scheduler`).
     """
 
     def __init__(
@@ -124,6 +132,9 @@ class Worker:
         worker_id: str | None = None,
         retention: Retention | None = None,
         prune_interval: float = DEFAULT_PRUNE_INTERVAL,
+        metrics: WorkerMetrics | None = None,
+        schedules: ScheduleSync | None = None,
+        scheduler: bool = False,
     ) -> None:
         self.queue = queue
         self.handlers: dict[str, TaskHandler] = as_task_handlers(handlers)
@@ -175,6 +186,8 @@ class Worker:
         # retention, and a prune_interval of 0 turns the pruner off.
         self.retention = retention
         self.prune_interval = prune_interval
+        self.schedules = schedules
+        self.scheduler = scheduler and not burst
         self.counts: Counter[str] = Counter()
         """What this worker did: succeeded, failed, timed_out, lost (outcomes discarded),
         and database_errors (claim-loop rounds the database refused)."""
@@ -220,6 +233,11 @@ class Worker:
         self._busy = 0  # of every kind (each kind counts its own too)
         self._timed = 0  # attempts in _attempts with a time limit
         self._started = False
+        self.metrics = metrics
+        """This worker's Prometheus metrics, if it keeps them (see
+        :mod:`pgqueue_worker.metrics`)."""
+        if metrics is not None:
+            metrics.watch(self)
 
     # -- control ------------------------------------------------------------------
 
@@ -256,7 +274,12 @@ class Worker:
             on_running=self._handler_running,
             async_size=self.async_concurrency,
         )
-        writer = OutcomeWriter(self.queue, health=self._health, on_written=self._outcomes_written)
+        writer = OutcomeWriter(
+            self.queue,
+            health=self._health,
+            on_written=self._outcomes_written,
+            on_statement=None if self.metrics is None else self.metrics.outcomes_written,
+        )
         claimer = Claimer(
             self.queue,
             self.queues,
@@ -273,6 +296,15 @@ class Worker:
         heartbeat_queue = connections.sibling_queue(
             self.queue, connections.HEARTBEAT
         ).with_statement_timeout(self.queue.statement_timeout)
+        # In the worker registry from start to stop, renewed by the heartbeat.
+        me = registration(
+            self.worker_id,
+            self.queues,
+            self.tasks,
+            concurrency=sum(kind.size for kind in self._kinds),
+            heartbeat_seconds=self.heartbeat_seconds,
+        )
+        register(self.queue, me)
         heartbeat = Heartbeat(
             heartbeat_queue,
             self._leases,
@@ -280,6 +312,8 @@ class Worker:
             lease_seconds=self.lease_seconds,
             health=self._health,
             on_lost=self._leases_lost,
+            on_beat=None if self.metrics is None else self.metrics.heartbeat_written,
+            worker=me,
         )
         reaper = Reaper(self.queue, interval=self.reap_interval, health=self._health)
         pruner = None
@@ -287,6 +321,13 @@ class Worker:
             pruner = Pruner(
                 self.queue, self.retention, interval=self.prune_interval, health=self._health
             )
+        scheduler = None
+        if self.schedules is not None or self.scheduler:
+            scheduler = Scheduler(
+                self.queue, health=self._health, sync=self.schedules, run=self.scheduler
+            )
+            if self.scheduler:
+                log.info("scheduler on: enqueueing due schedules, one worker at a time")
         listener = None
         if self.listen:
             listener = Listener(
@@ -310,6 +351,8 @@ class Worker:
         reaper.start()
         if pruner is not None:
             pruner.start()
+        if scheduler is not None:
+            scheduler.start()
         if listener is not None:
             listener.start()
         try:
@@ -319,7 +362,9 @@ class Worker:
             return clean
         finally:
             helpers = [
-                h for h in (listener, pruner, reaper, heartbeat, claimer, writer) if h is not None
+                h
+                for h in (listener, scheduler, pruner, reaper, heartbeat, claimer, writer)
+                if h is not None
             ]
             # Tell them all first, then wait: one stuck in a call to a dead server must
             # not hold up the others' stopping.
@@ -332,6 +377,7 @@ class Worker:
             if not self._health.down:
                 with suppress(Exception):
                     self.queue.forget_waiters(claimer.waiters.values())
+                deregister(self.queue, me)
             executor.shutdown()
             heartbeat_queue.pool.close(timeout=HELPER_STOP_SECONDS)
 
@@ -580,10 +626,15 @@ class Worker:
         seconds = claim.next_run_seconds
         if seconds is not None and seconds <= 0:
             # Runnable, yet not claimed: another transaction holds the row (another
-            # worker's claim, most likely, which commits in a moment). Look again soon,
-            # backing off in case a long transaction holds it.
-            kind.recheck_delay = min(
-                max(2 * kind.recheck_delay, RECHECK_SECONDS), self.poll_interval
+            # worker's claim, most likely, which commits in a moment), or the queue's
+            # concurrency limit is reached. Look again soon, backing off in case a long
+            # transaction holds it, or other workers hold the limit; a claim that
+            # brought jobs starts again from the shortest wait, so a worker sharing a
+            # limited queue takes up the room its own jobs leave.
+            kind.recheck_delay = (
+                RECHECK_SECONDS
+                if jobs
+                else min(max(2 * kind.recheck_delay, RECHECK_SECONDS), self.poll_interval)
             )
             seconds = kind.recheck_delay
         else:
@@ -750,6 +801,8 @@ class Worker:
             hooks.call("on_start", job=attempt.job)
 
     def _handler_finished(self, attempt: Attempt, result: Any, error: BaseException | None) -> None:
+        if self.metrics is not None:
+            self.metrics.returned(attempt)
         self._finished.put((attempt, result, error))
         self._poke()
 
@@ -762,6 +815,8 @@ class Worker:
         self._poke()
 
     def _claimed(self, claim: ClaimResult) -> None:
+        if self.metrics is not None:
+            self.metrics.claimed(claim)
         self._claims.put(claim)
         self._poke()
 

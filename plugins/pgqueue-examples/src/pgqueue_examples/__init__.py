@@ -1,4 +1,4 @@
-"""Example pgqueue plugin: four tasks and two lifecycle hooks.
+"""Example pgqueue plugin: four tasks, a weekly schedule and two lifecycle hooks.
 
 Installed, it is found through the ``pgqueue`` entry-point group with no
 configuration. The README, docker-compose.yml and the test suite use these tasks.
@@ -56,6 +56,18 @@ def register_tasks(register: Callable[..., None]) -> None:
     """Register echo, sleep, fail and flaky."""
     for name, function in TASKS.items():
         register(name, function)
+
+
+@hookimpl
+def register_schedules(register: Callable[..., None]) -> None:
+    """Declare ``examples-weekly-echo``: an ``echo`` job every Sunday at 04:00, Berlin time."""
+    register(
+        "examples-weekly-echo",
+        "0 4 * * 0",
+        "echo",
+        payload={"message": "a weekly hello from pgqueue-examples"},
+        timezone="Europe/Berlin",
+    )
 
 
 @hookimpl

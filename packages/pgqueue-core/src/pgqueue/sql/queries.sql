@@ -13,10 +13,11 @@
 -- times): the caller knows the rest, and every column returned costs a conversion.
 WITH inserted AS (
     INSERT INTO {schema}.active_jobs
-        (queue, task, payload, priority, run_at, max_attempts, timeout_seconds)
+        (queue, task, payload, priority, run_at, max_attempts, timeout_seconds,
+         trace_context)
     VALUES (%(queue)s, %(task)s, %(payload)s, %(priority)s,
             COALESCE(%(run_at)s, now() + make_interval(secs => %(delay_seconds)s)),
-            %(max_attempts)s, %(timeout_seconds)s)
+            %(max_attempts)s, %(timeout_seconds)s, %(trace_context)s)
     RETURNING id, queue, run_at, enqueued_at
 ),
 woken AS (
@@ -37,16 +38,17 @@ SELECT id, run_at, enqueued_at FROM inserted WHERE (SELECT count(*) FROM woken) 
 -- in request order, so ids follow it.
 WITH inserted AS (
     INSERT INTO {schema}.active_jobs
-        (queue, task, payload, priority, run_at, max_attempts, timeout_seconds)
+        (queue, task, payload, priority, run_at, max_attempts, timeout_seconds,
+         trace_context)
     SELECT queue, task, payload, priority,
            COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
-           max_attempts, timeout_seconds
+           max_attempts, timeout_seconds, trace_context
     FROM unnest(
         %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[], %(priority)s::smallint[],
         %(run_at)s::timestamptz[], %(delay_seconds)s::float8[], %(max_attempts)s::int[],
-        %(timeout_seconds)s::float8[]
+        %(timeout_seconds)s::float8[], %(trace_context)s::jsonb[]
     ) WITH ORDINALITY AS item (queue, task, payload, priority, run_at, delay_seconds,
-                               max_attempts, timeout_seconds, position)
+                               max_attempts, timeout_seconds, trace_context, position)
     ORDER BY position
     RETURNING *
 ),
@@ -63,20 +65,52 @@ woken AS (
 )
 SELECT * FROM inserted WHERE (SELECT count(*) FROM woken) >= 0;
 
+-- name: job_ids_reserve
+-- The first step of adding a large keyless batch by COPY (see pgqueue/bulk.py): the
+-- batch's ids, in order, and the transaction's clock, from which its run_at values are
+-- computed and which its enqueued_at defaults to.
+SELECT now() AS now,
+       array(SELECT nextval('{schema}.job_ids') FROM generate_series(1, %(count)s)) AS ids;
+
+-- name: job_copy
+COPY {schema}.active_jobs
+    (id, queue, task, payload, priority, run_at, max_attempts, timeout_seconds,
+     trace_context)
+FROM STDIN;
+
+-- name: queues_wake
+-- After a COPY: wakes the workers waiting on these queues, as the INSERT statements'
+-- woken CTE does, when the transaction commits.
+SELECT count(pg_notify({channel_name}, wanted.queue))
+FROM unnest(%(queues)s::text[]) AS wanted (queue)
+WHERE EXISTS (
+    SELECT FROM {schema}.queue_waiters AS waiter
+    WHERE waiter.queue = wanted.queue AND waiter.expires_at > now()
+);
+
 -- name: job_insert_many_keyed
--- Jobs of which some carry an idempotency key: each key is taken in idempotency_keys
--- for the id its job will have, and only the jobs whose key was free (or that have
--- none) are inserted. A key already taken, by a job in the table or by an earlier item
--- of the same statement, inserts nothing for its item. A key another transaction is
--- taking right now waits for that transaction, then counts as taken if it committed.
+-- Jobs of which some carry an idempotency key or a unique key (see pgqueue/keyed.py):
+-- each idempotency key is taken in idempotency_keys for the id its job will have, and
+-- only the jobs whose key was free (or that have none) are inserted. A key already
+-- taken, by a job in the table or by an earlier item of the same statement, inserts
+-- nothing for its item. A key another transaction is taking right now waits for that
+-- transaction, then counts as taken if it committed. Then a unique key held by a
+-- queued or running job (or an earlier item, or another transaction that commits it)
+-- inserts nothing either (active_jobs_unique_key_idx); an idempotency key taken for
+-- such an item is left without its job, for the caller to free in the same transaction
+-- (idempotency_keys_release). One row per item, in order: its position (from 1), the
+-- id reserved for it, whether it took its idempotency key, and its job's columns if it
+-- was inserted (all NULL if not).
 WITH item AS (
     SELECT nextval('{schema}.job_ids') AS id, item.*
     FROM unnest(
         %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[], %(priority)s::smallint[],
         %(run_at)s::timestamptz[], %(delay_seconds)s::float8[], %(max_attempts)s::int[],
-        %(timeout_seconds)s::float8[], %(idempotency_key)s::text[]
+        %(timeout_seconds)s::float8[], %(idempotency_key)s::text[],
+        %(trace_context)s::jsonb[], %(unique_key)s::text[]
     ) WITH ORDINALITY AS item (queue, task, payload, priority, run_at, delay_seconds,
-                               max_attempts, timeout_seconds, idempotency_key, position)
+                               max_attempts, timeout_seconds, idempotency_key,
+                               trace_context, unique_key, position)
 ),
 taken AS (
     INSERT INTO {schema}.idempotency_keys (key, job_id)
@@ -89,13 +123,14 @@ taken AS (
 inserted AS (
     INSERT INTO {schema}.active_jobs
         (id, queue, task, payload, priority, run_at, max_attempts, timeout_seconds,
-         idempotency_key)
+         idempotency_key, trace_context, unique_key)
     SELECT id, queue, task, payload, priority,
            COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
-           max_attempts, timeout_seconds, idempotency_key
+           max_attempts, timeout_seconds, idempotency_key, trace_context, unique_key
     FROM item
     WHERE idempotency_key IS NULL OR id IN (SELECT job_id FROM taken)
     ORDER BY position
+    ON CONFLICT (unique_key) WHERE unique_key IS NOT NULL DO NOTHING
     RETURNING *
 ),
 woken AS (
@@ -109,7 +144,24 @@ woken AS (
         WHERE waiter.queue = wanted.queue AND waiter.expires_at > now()
     )
 )
-SELECT * FROM inserted WHERE (SELECT count(*) FROM woken) >= 0;
+SELECT item.position, item.id AS reserved_id,
+       item.id IN (SELECT job_id FROM taken) AS took_key, inserted.*
+FROM item LEFT JOIN inserted ON inserted.id = item.id
+WHERE (SELECT count(*) FROM woken) >= 0
+ORDER BY item.position;
+
+-- name: idempotency_keys_release
+-- Frees the idempotency keys that job_insert_many_keyed took for items it did not
+-- insert because their unique key was held, before the transaction commits: an
+-- idempotency key stays only with a job its enqueue created.
+DELETE FROM {schema}.idempotency_keys AS taken
+USING unnest(%(keys)s::text[], %(ids)s::bigint[]) AS gone (key, job_id)
+WHERE taken.key = gone.key AND taken.job_id = gone.job_id;
+
+-- name: job_get_many_by_unique_key
+-- The queued and running jobs holding these unique keys (finished jobs hold none),
+-- through active_jobs_unique_key_idx.
+SELECT * FROM {schema}.active_jobs WHERE unique_key = ANY(%(unique_keys)s::text[]);
 
 -- name: job_get_many_by_idempotency_key
 -- For each item whose key was taken (by an earlier item of the same insert, or by a job
@@ -157,17 +209,63 @@ WHERE taken.key = gone.idempotency_key AND taken.job_id = gone.id;
 -- the table has no unique key for a new row to wait on (a claim cut off mid-statement
 -- may leave a transaction holding rows until the server notices; its rows then only
 -- expire).
-WITH claimable AS (
-    SELECT candidate.id
+-- Operator settings (queue_settings) are read here, at every claim: a paused queue
+-- gives no job, a limited one at most what its concurrency limit and its token bucket
+-- leave room for. A queue without settings is claimed as if there were none: one
+-- probe of that table's primary key. Claims of a limited queue take turns on its row
+-- (job_claim_lock, run just before in the same transaction), so each one's snapshot
+-- holds the running jobs of the claim before it. A limited queue whose row that
+-- statement did not lock (its limit was set in between, or it was not run) gives no
+-- job this time: counted without the lock, its room could be counted twice.
+WITH room AS MATERIALIZED (
+    SELECT wanted.queue,
+           coalesce(setting.paused, false) AS paused,
+           CASE
+               WHEN setting.queue IS NULL THEN %(limit)s::int
+               WHEN setting.paused THEN 0
+               WHEN (setting.concurrency_limit IS NOT NULL OR setting.rate_limit IS NOT NULL)
+                    AND NOT setting.queue = ANY(coalesce(
+                        nullif(current_setting('pgqueue.claim_locked', true), '')::text[],
+                        ARRAY[]::text[]))
+                   THEN 0
+               ELSE least(
+                   %(limit)s::int,
+                   -- Counted only for a queue with a concurrency limit, through the
+                   -- running jobs' index, by queue.
+                   CASE WHEN setting.concurrency_limit IS NOT NULL THEN greatest(0,
+                       setting.concurrency_limit - (
+                           SELECT count(*) FROM {schema}.active_jobs AS job
+                           WHERE job.state = 'running' AND job.queue = wanted.queue))::int
+                   END,
+                   floor(bucket.tokens)::int)
+           END AS jobs,
+           bucket.tokens,
+           bucket.at
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    LEFT JOIN {schema}.queue_settings AS setting ON setting.queue = wanted.queue
+    -- The rate limit's bucket, refilled for the time since it was last spent, on the
+    -- clock rather than now(): this transaction may have waited for the row's lock.
+    LEFT JOIN LATERAL (
+        SELECT clock.at,
+               least(greatest(1, setting.rate_limit / 10),
+                     setting.tokens + setting.rate_limit
+                         * greatest(0, extract(epoch FROM clock.at - setting.tokens_at)))
+                   AS tokens
+        FROM (SELECT clock_timestamp() AS at) AS clock
+        WHERE setting.rate_limit IS NOT NULL
+    ) AS bucket ON true
+),
+claimable AS (
+    SELECT candidate.id
+    FROM room
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM {schema}.active_jobs
         WHERE state = 'queued'
-          AND queue = wanted.queue
+          AND queue = room.queue
           AND task = ANY(%(tasks)s::text[])
           AND run_at <= now()
         ORDER BY priority DESC, run_at, id
-        LIMIT %(limit)s
+        LIMIT room.jobs
         {lock}
     ) AS candidate
     ORDER BY candidate.priority DESC, candidate.run_at, candidate.id
@@ -196,7 +294,7 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
 RETURNING job.id, job.queue, job.task, job.payload::text AS payload, job.priority,
           job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
           job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.errors,
-          job.result, job.idempotency_key
+          job.result, job.idempotency_key, job.trace_context, job.unique_key
 ),
 no_longer_waiting AS (
     DELETE FROM {schema}.queue_waiters
@@ -208,13 +306,41 @@ no_longer_waiting AS (
       ))
 ),
 waiting AS (
+    -- Not on a paused queue: its enqueues need wake nobody (resuming it does, see
+    -- queue_update).
     INSERT INTO {schema}.queue_waiters (queue, waiter, expires_at)
-    SELECT wanted.queue, %(waiter)s, now() + make_interval(secs => %(waiter_seconds)s)
-    FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    SELECT room.queue, %(waiter)s, now() + make_interval(secs => %(waiter_seconds)s)
+    FROM room
     WHERE %(waiter)s::text IS NOT NULL
+      AND NOT room.paused
       AND (SELECT count(*) FROM claimed) < %(limit)s
+),
+spent AS (
+    -- The rate-limited queues' buckets, less the jobs claimed from them.
+    UPDATE {schema}.queue_settings AS setting
+    SET tokens = room.tokens - (SELECT count(*) FROM claimed WHERE claimed.queue = room.queue),
+        tokens_at = room.at
+    FROM room
+    WHERE setting.queue = room.queue AND room.tokens IS NOT NULL
 )
 SELECT * FROM claimed;
+
+-- name: job_claim_lock
+-- Run before job_claim in its transaction: the rows of the requested queues that have
+-- a concurrency or a rate limit, locked in name order, so that two claims of a limited
+-- queue take turns and the second one's statement sees what the first claimed. A
+-- queue without limits takes no lock. Which queues it locked is left for job_claim in
+-- a setting local to the transaction.
+SELECT set_config('pgqueue.claim_locked',
+                  coalesce(array_agg(limited.queue), ARRAY[]::text[])::text, true) AS locked
+FROM (
+    SELECT queue FROM {schema}.queue_settings
+    WHERE queue = ANY(%(queues)s::text[])
+      AND NOT paused
+      AND (concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL)
+    ORDER BY queue
+    FOR NO KEY UPDATE
+) AS limited;
 
 -- name: job_claim_times
 -- started_at and lease_expires_at as job_claim set them, run in its transaction after
@@ -242,6 +368,20 @@ extended AS (
     FROM held
     WHERE job.id = held.id
     RETURNING job.id
+),
+seen AS (
+    -- With a %(worker_id)s (pgqueue worker), the worker's row in the registry is renewed
+    -- by the beat it sends anyway, and written again if it was lost (expired during an
+    -- outage, or an unlogged table emptied by a crash).
+    INSERT INTO {schema}.workers AS worker
+        (id, host, pid, version, queues, tasks, concurrency, started_at, last_seen_at,
+         expires_at)
+    SELECT %(worker_id)s, %(worker_host)s, %(worker_pid)s, %(worker_version)s,
+           %(worker_queues)s::text[], %(worker_tasks)s::text[], %(worker_concurrency)s,
+           %(worker_started_at)s, now(), now() + make_interval(secs => %(worker_seconds)s)
+    WHERE %(worker_id)s::text IS NOT NULL
+    ON CONFLICT (id) DO UPDATE
+    SET last_seen_at = excluded.last_seen_at, expires_at = excluded.expires_at
 )
 -- Lost: neither extended nor, as this statement's snapshot saw it, still ours and
 -- merely locked by someone else.
@@ -285,11 +425,34 @@ moved AS (
     INSERT INTO {schema}.finished_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, result,
-         idempotency_key, errors)
+         idempotency_key, errors, trace_context, unique_key)
     SELECT id, queue, task, payload, priority, 'succeeded', run_at, attempts, max_attempts,
            timeout_seconds, worker_id, enqueued_at, started_at, now(), outcome,
-           idempotency_key, errors
+           idempotency_key, errors, trace_context, unique_key
     FROM acked
+),
+timed AS (
+    -- The run-time histogram (see run_time_buckets): per queue, task and bucket, the
+    -- attempts acked and their seconds. An attempt falls in the bucket of the smallest
+    -- bound at or above its run time: width_bucket() gives the largest bound at or
+    -- below it, and the next one unless the run time equals that bound.
+    INSERT INTO {schema}.run_time_buckets AS bucket (queue, task, le, slot, attempts, seconds)
+    SELECT run.queue, run.task,
+           bounds.le[position + (position = 0 OR run.seconds > bounds.le[position])::int],
+           mod(pg_backend_pid(), 16), count(*), sum(run.seconds)
+    FROM (
+        SELECT queue, task,
+               greatest(0, extract(epoch FROM now() - coalesce(started_at, now())))::float8
+                   AS seconds
+        FROM acked
+    ) AS run
+    CROSS JOIN (SELECT {schema}.run_time_bounds() AS le) AS bounds
+    CROSS JOIN LATERAL width_bucket(run.seconds, bounds.le) AS position
+    GROUP BY 1, 2, 3
+    ORDER BY 1, 2, 3
+    ON CONFLICT (queue, task, le, slot) DO UPDATE
+    SET attempts = bucket.attempts + excluded.attempts,
+        seconds = bucket.seconds + excluded.seconds
 ),
 counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, succeeded, completed)
@@ -332,11 +495,12 @@ moved AS (
     INSERT INTO {schema}.finished_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
-         result, idempotency_key, errors)
+         result, idempotency_key, errors, trace_context, unique_key)
     SELECT id, queue, task, payload, priority, 'dead', run_at, attempts, max_attempts,
            timeout_seconds, worker_id, enqueued_at, started_at, now(), %(error)s,
            result, idempotency_key,
-           {schema}.errors_appended(errors, attempts, worker_id, %(error)s)
+           {schema}.errors_appended(errors, attempts, worker_id, %(error)s), trace_context,
+           unique_key
     FROM buried
     RETURNING *
 ),
@@ -391,11 +555,12 @@ moved AS (
     INSERT INTO {schema}.finished_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
-         result, idempotency_key, errors)
+         result, idempotency_key, errors, trace_context, unique_key)
     SELECT id, queue, task, payload, priority, 'dead', run_at, attempts, max_attempts,
            timeout_seconds, worker_id, enqueued_at, started_at, now(), expiry,
            result, idempotency_key,
-           {schema}.errors_appended(errors, attempts, worker_id, expiry)
+           {schema}.errors_appended(errors, attempts, worker_id, expiry), trace_context,
+           unique_key
     FROM buried
     RETURNING *
 ),
@@ -422,10 +587,10 @@ moved AS (
     INSERT INTO {schema}.finished_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
-         result, idempotency_key, errors)
+         result, idempotency_key, errors, trace_context, unique_key)
     SELECT id, queue, task, payload, priority, 'cancelled', run_at, attempts, max_attempts,
            timeout_seconds, worker_id, enqueued_at, started_at, now(), last_error,
-           result, idempotency_key, errors
+           result, idempotency_key, errors, trace_context, unique_key
     FROM cancelled
     RETURNING *
 ),
@@ -438,7 +603,9 @@ SELECT * FROM moved;
 
 -- name: job_retry
 -- dead | cancelled -> queued, moved back to active_jobs, runnable now, with its
--- attempts reset. Its errors history and last_error stay.
+-- attempts reset. Its errors history and last_error stay. A unique key that another
+-- queued or running job holds now fails the statement (unique_violation on
+-- active_jobs_unique_key_idx), and nothing changes: Queue.retry names the holder.
 WITH revived AS (
     DELETE FROM {schema}.finished_jobs
     WHERE id = %(id)s AND state IN ('dead', 'cancelled')
@@ -447,9 +614,11 @@ WITH revived AS (
 requeued AS (
     INSERT INTO {schema}.active_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
-         timeout_seconds, enqueued_at, started_at, last_error, idempotency_key, errors)
+         timeout_seconds, enqueued_at, started_at, last_error, idempotency_key, errors,
+         trace_context, unique_key)
     SELECT id, queue, task, payload, priority, 'queued', now(), 0, max_attempts,
-           timeout_seconds, enqueued_at, started_at, last_error, idempotency_key, errors
+           timeout_seconds, enqueued_at, started_at, last_error, idempotency_key, errors,
+           trace_context, unique_key
     FROM revived
     RETURNING *
 ),
@@ -485,6 +654,24 @@ WHERE true {filters}
 ORDER BY id DESC
 LIMIT %(limit)s;
 
+-- name: job_get_by_idempotency_key
+-- The job holding an idempotency key: one primary-key lookup, then one by id.
+SELECT job.* FROM {schema}.idempotency_keys AS taken
+JOIN {schema}.jobs AS job ON job.id = taken.job_id
+WHERE taken.key = %(key)s;
+
+-- name: jobs_finished_per_minute
+-- Jobs finished per queue, state and minute over the last %(minutes)s minutes (the
+-- current one included). Reads only the recent rows of today's (and perhaps
+-- yesterday's) day partitions, through finished_jobs_finished_at_idx (BRIN), so it
+-- costs what the last hour's jobs cost, however much history is kept.
+SELECT queue, state::text AS state, date_trunc('minute', finished_at) AS minute,
+       count(*)::bigint AS jobs
+FROM {schema}.finished_jobs
+WHERE finished_at >= date_trunc('minute', now()) - make_interval(mins => %(minutes)s - 1)
+GROUP BY queue, state, minute
+ORDER BY queue, minute, state;
+
 -- name: queue_stats
 -- Counts per queue and state, and the age of the oldest runnable job, in one statement,
 -- so one snapshot. Queued and running jobs are counted in active_jobs, which holds no
@@ -507,6 +694,9 @@ finished AS (
     GROUP BY queue
 )
 SELECT queue,
+       coalesce(setting.paused, false) AS paused,
+       setting.concurrency_limit,
+       setting.rate_limit,
        coalesce(active.queued, 0)::bigint AS queued,
        coalesce(active.running, 0)::bigint AS running,
        coalesce(finished.succeeded, 0)::bigint AS succeeded,
@@ -516,51 +706,158 @@ SELECT queue,
        coalesce(finished.failures, 0)::bigint AS failures,
        active.oldest_runnable_age_seconds
 FROM active FULL JOIN finished USING (queue)
--- A queue whose jobs were all pruned still has counters that must not vanish.
+FULL JOIN {schema}.queue_settings AS setting USING (queue)
+-- A queue whose jobs were all pruned still has counters that must not vanish, and a
+-- queue an operator configured is shown before its first job.
 WHERE coalesce(active.queued, 0) + coalesce(active.running, 0)
       + coalesce(finished.succeeded, 0) + coalesce(finished.dead, 0)
       + coalesce(finished.cancelled, 0) + coalesce(finished.completed, 0)
       + coalesce(finished.failures, 0) > 0
+   OR setting.queue IS NOT NULL
 ORDER BY queue;
 
--- name: jobs_unserved
--- Per queue and task, the queued jobs that have been runnable (and enqueued) for longer
--- than %(after_seconds)s while no job of that queue and task is running: jobs no worker
--- takes, most likely because no running worker serves their task in their queue (a
--- misspelt task name, a handler that was removed, a queue nobody serves), or because
--- the workers that do have been busy with other jobs all that time.
--- Bounded however long the backlog: the queued jobs come from active_jobs_claim_idx, in
--- claim order, at most %(limit)s per queue (jobs nobody claims stay at the head of
--- their queue, as claims go past them), and the running ones from
--- active_jobs_running_idx.
-WITH waiting_queues AS (
-    SELECT DISTINCT queue FROM {schema}.active_jobs WHERE state = 'queued'
+-- name: run_time_histogram
+-- The run-time histogram of succeeded attempts per queue and task (see
+-- run_time_buckets): each bucket's attempts, not cumulative, in the order of the
+-- bounds, and the seconds of them all. A few rows per queue and task, however much
+-- history is kept.
+WITH bounds AS (
+    SELECT {schema}.run_time_bounds() AS le
 ),
--- Read once, not once per queue.
-running AS MATERIALIZED (
-    SELECT DISTINCT queue, task FROM {schema}.active_jobs WHERE state = 'running'
-),
-waiting AS (
-    SELECT waited.queue, waited.task
-    FROM waiting_queues
-    CROSS JOIN LATERAL (
-        SELECT job.queue, job.task FROM {schema}.active_jobs AS job
-        WHERE job.state = 'queued'
-          AND job.queue = waiting_queues.queue
-          AND job.run_at <= now() - make_interval(secs => %(after_seconds)s)
-          -- Runnable since it was enqueued, for a job enqueued with a past run_at.
-          AND job.enqueued_at <= now() - make_interval(secs => %(after_seconds)s)
-        ORDER BY job.priority DESC, job.run_at, job.id
-        LIMIT %(limit)s
-    ) AS waited
+summed AS (
+    SELECT queue, task, le, sum(attempts) AS attempts, sum(seconds) AS seconds
+    FROM {schema}.run_time_buckets
+    GROUP BY queue, task, le
 )
-SELECT queue, task, count(*)::bigint AS jobs
-FROM waiting
-WHERE NOT EXISTS (
-    SELECT FROM running WHERE running.queue = waiting.queue AND running.task = waiting.task
-)
-GROUP BY queue, task
+SELECT queue, task, bounds.le AS bounds,
+       array_agg(summed.attempts::bigint ORDER BY summed.le) AS attempts,
+       array_agg(summed.le ORDER BY summed.le) AS les,
+       sum(summed.seconds)::float8 AS seconds
+FROM summed CROSS JOIN bounds
+GROUP BY queue, task, bounds.le
 ORDER BY queue, task;
+
+-- name: jobs_unserved
+-- Per queue and task, the queued jobs that no live worker serves: no worker in the
+-- registry whose row has not expired serves both their queue and their task (a
+-- misspelt task name, a handler that was removed, a queue nobody serves). Reads the
+-- queued jobs, as queue_stats does: the cost grows with the backlog, not with history.
+WITH waiting AS (
+    SELECT queue, task, count(*) AS jobs FROM {schema}.active_jobs
+    WHERE state = 'queued'
+    GROUP BY queue, task
+)
+SELECT queue, task, jobs::bigint AS jobs FROM waiting
+WHERE NOT EXISTS (
+    SELECT FROM {schema}.workers AS worker
+    WHERE worker.expires_at > now()
+      AND waiting.queue = ANY(worker.queues)
+      AND waiting.task = ANY(worker.tasks)
+)
+ORDER BY queue, task;
+
+-- name: tasks_unserved
+-- Of the (queue, task) pairs given, those no live worker serves (see jobs_unserved).
+SELECT DISTINCT wanted.queue, wanted.task
+FROM unnest(%(queues)s::text[], %(tasks)s::text[]) AS wanted (queue, task)
+WHERE NOT EXISTS (
+    SELECT FROM {schema}.workers AS worker
+    WHERE worker.expires_at > now()
+      AND wanted.queue = ANY(worker.queues)
+      AND wanted.task = ANY(worker.tasks)
+)
+ORDER BY wanted.queue, wanted.task;
+
+-- name: worker_register
+-- A worker that starts, or starts again under the same id: its row in the registry,
+-- valid for %(worker_seconds)s unless a heartbeat renews it (see job_heartbeat_many).
+INSERT INTO {schema}.workers AS worker
+    (id, host, pid, version, queues, tasks, concurrency, started_at, last_seen_at,
+     expires_at)
+VALUES (%(worker_id)s, %(worker_host)s, %(worker_pid)s, %(worker_version)s,
+        %(worker_queues)s::text[], %(worker_tasks)s::text[], %(worker_concurrency)s,
+        coalesce(%(worker_started_at)s, now()), now(),
+        now() + make_interval(secs => %(worker_seconds)s))
+ON CONFLICT (id) DO UPDATE
+SET host = excluded.host, pid = excluded.pid, version = excluded.version,
+    queues = excluded.queues, tasks = excluded.tasks, concurrency = excluded.concurrency,
+    last_seen_at = excluded.last_seen_at, expires_at = excluded.expires_at
+RETURNING started_at;
+
+-- name: worker_deregister
+-- A worker that stops cleanly leaves the registry at once.
+DELETE FROM {schema}.workers WHERE id = %(worker_id)s;
+
+-- name: workers_expired_delete
+-- The rows of workers that died without saying so: they stopped counting when they
+-- expired; the reaper removes them.
+DELETE FROM {schema}.workers
+WHERE id = ANY(ARRAY(
+    SELECT id FROM {schema}.workers WHERE expires_at < now() FOR UPDATE SKIP LOCKED
+));
+
+-- name: worker_list
+-- The live workers, with how many jobs each holds claimed now (running, or claimed
+-- ahead and waiting for a slot), counted through the running jobs' index.
+SELECT worker.id, worker.host, worker.pid, worker.version, worker.queues, worker.tasks,
+       worker.concurrency, worker.started_at, worker.last_seen_at,
+       coalesce(held.jobs, 0)::bigint AS running
+FROM {schema}.workers AS worker
+LEFT JOIN (
+    SELECT worker_id, count(*) AS jobs FROM {schema}.active_jobs
+    WHERE state = 'running'
+    GROUP BY worker_id
+) AS held ON held.worker_id = worker.id
+WHERE worker.expires_at > now()
+ORDER BY worker.host, worker.pid, worker.id;
+
+-- name: workers_per_queue
+-- How many live workers serve each queue.
+SELECT served.queue, count(*)::bigint AS workers
+FROM {schema}.workers AS worker, unnest(worker.queues) AS served (queue)
+WHERE worker.expires_at > now()
+GROUP BY served.queue
+ORDER BY served.queue;
+
+-- name: queue_update
+-- An operator's change to a queue's settings: each %(set_...)s says whether its value
+-- is given (NULL is "no limit"). The queue must exist (jobs or counters of its own, or
+-- settings) unless %(create)s; nothing comes back for one that does not. A queue left
+-- unpaused notifies its waiting workers, so that a resume or a higher limit is acted
+-- on at once rather than at their next poll: rare enough that the notification's lock
+-- at commit costs nothing that matters.
+WITH known AS (
+    SELECT %(queue)s::text AS queue
+    WHERE %(create)s
+       OR EXISTS (SELECT FROM {schema}.queue_settings WHERE queue = %(queue)s)
+       OR EXISTS (SELECT FROM {schema}.active_jobs
+                  WHERE state = 'queued' AND queue = %(queue)s)
+       OR EXISTS (SELECT FROM {schema}.active_jobs
+                  WHERE state = 'running' AND queue = %(queue)s)
+       OR EXISTS (SELECT FROM {schema}.queue_counters WHERE queue = %(queue)s)
+),
+changed AS (
+    INSERT INTO {schema}.queue_settings AS setting
+        (queue, paused, concurrency_limit, rate_limit)
+    SELECT queue, coalesce(%(paused)s, false), %(concurrency_limit)s, %(rate_limit)s
+    FROM known
+    ON CONFLICT (queue) DO UPDATE
+    SET paused = CASE WHEN %(set_paused)s THEN excluded.paused ELSE setting.paused END,
+        concurrency_limit = CASE WHEN %(set_concurrency_limit)s
+                                 THEN excluded.concurrency_limit
+                                 ELSE setting.concurrency_limit END,
+        rate_limit = CASE WHEN %(set_rate_limit)s THEN excluded.rate_limit
+                          ELSE setting.rate_limit END,
+        -- A new rate starts from an empty bucket.
+        tokens = CASE WHEN %(set_rate_limit)s THEN 0 ELSE setting.tokens END,
+        tokens_at = CASE WHEN %(set_rate_limit)s THEN now() ELSE setting.tokens_at END,
+        updated_at = now()
+    RETURNING setting.queue, setting.paused, setting.concurrency_limit, setting.rate_limit
+),
+woken AS (
+    SELECT pg_notify({channel_name}, changed.queue) FROM changed WHERE NOT changed.paused
+)
+SELECT * FROM changed WHERE (SELECT count(*) FROM woken) >= 0;
 
 -- name: job_prune
 -- Deletes one batch of finished jobs older than the cutoff, frees their idempotency
@@ -633,10 +930,24 @@ SELECT 1 AS ok;
 -- name: job_next_run_delay
 -- Seconds until the next job this worker could claim becomes runnable (zero or less:
 -- one is runnable now), on the database clock, so a worker sleeps exactly until then.
-SELECT extract(epoch FROM min(run_at) - now())::float8 AS seconds FROM {schema}.active_jobs
-WHERE state = 'queued'
-  AND queue = ANY(%(queues)s::text[])
-  AND task = ANY(%(tasks)s::text[]);
+-- A paused queue's jobs are not waited for (resuming it notifies), and a rate-limited
+-- queue's only once its bucket holds a whole job.
+WITH next AS (
+    SELECT queue, min(run_at) AS run_at FROM {schema}.active_jobs
+    WHERE state = 'queued'
+      AND queue = ANY(%(queues)s::text[])
+      AND task = ANY(%(tasks)s::text[])
+    GROUP BY queue
+)
+SELECT min(greatest(
+           extract(epoch FROM next.run_at - now()),
+           (1 - least(greatest(1, setting.rate_limit / 10),
+                      setting.tokens + setting.rate_limit * greatest(0, extract(
+                          epoch FROM clock_timestamp() - setting.tokens_at))))
+               / setting.rate_limit))::float8 AS seconds
+FROM next
+LEFT JOIN {schema}.queue_settings AS setting ON setting.queue = next.queue
+WHERE NOT coalesce(setting.paused, false);
 
 -- name: jobs_listen
 -- Subscribes the session to the channel that enqueues and retries notify (for queues
@@ -727,3 +1038,111 @@ SELECT count(*) AS jobs FROM day;
 
 -- name: history_day_drop
 DROP TABLE {schema}.{partition};
+
+-- Periodic jobs (see pgqueue.schedules and pgqueue.schedule_store) ----------------
+
+-- name: scheduler_try_lock
+-- The scheduler's turn: one process at a time reads the due schedules, enqueues their
+-- ticks and moves them on, all in this transaction. Transaction-scoped, like the
+-- reaper's, so it is safe behind PgBouncer and dies with a killed worker's session; one
+-- that froze inside it is ended after 5 s idle.
+SELECT pg_try_advisory_xact_lock(%(key)s) AS locked,
+       set_config('idle_in_transaction_session_timeout', '5s', true) AS idle_limit;
+
+-- name: schedule_sync_lock
+-- A worker's sync of its plugins' schedules waits for the scheduler's turn (same key),
+-- so syncs and runs never interleave, and workers starting together sync one at a time.
+SELECT pg_advisory_xact_lock(%(key)s),
+       set_config('idle_in_transaction_session_timeout', '5s', true) AS idle_limit;
+
+-- name: schedules_due
+-- The enabled schedules whose tick has come on the database's clock, locked until the
+-- transaction that enqueues their jobs commits, with that clock's reading.
+WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now)
+SELECT schedule.name, schedule.cron, schedule.timezone, schedule.task, schedule.queue,
+       schedule.payload, schedule.priority, schedule.max_attempts, schedule.next_run_at,
+       clock.now
+FROM {schema}.schedules AS schedule, clock
+WHERE schedule.enabled
+  AND (schedule.next_run_at IS NULL OR schedule.next_run_at <= clock.now)
+ORDER BY schedule.name
+FOR UPDATE OF schedule;
+
+-- name: schedules_ran
+-- Moves each schedule on to its next tick, and records its run (a NULL job_id: the
+-- tick had its job already, or next_run_at was only filled in).
+UPDATE {schema}.schedules AS schedule
+SET next_run_at = ran.next_run_at,
+    last_run_at = CASE WHEN ran.job_id IS NULL THEN schedule.last_run_at ELSE ran.run_at END,
+    last_tick_at = CASE WHEN ran.job_id IS NULL THEN schedule.last_tick_at ELSE ran.tick_at END,
+    last_job_id = coalesce(ran.job_id, schedule.last_job_id)
+FROM unnest(%(names)s::text[], %(next_run_ats)s::timestamptz[], %(run_ats)s::timestamptz[],
+            %(tick_ats)s::timestamptz[], %(job_ids)s::bigint[])
+     AS ran(name, next_run_at, run_at, tick_at, job_id)
+WHERE schedule.name = ran.name;
+
+-- name: schedule_next_due
+-- Seconds until the next tick of any enabled schedule (NULL: none), for the scheduler
+-- to sleep until then.
+SELECT extract(epoch FROM min(next_run_at) - clock_timestamp())::float8 AS seconds
+FROM {schema}.schedules
+WHERE enabled;
+
+-- name: schedule_list
+SELECT * FROM {schema}.schedules ORDER BY name;
+
+-- name: schedule_list_locked
+-- Every schedule, locked for a sync, with the database's clock.
+SELECT schedule.*, clock_timestamp() AS now
+FROM {schema}.schedules AS schedule
+ORDER BY name
+FOR UPDATE;
+
+-- name: schedule_get_locked
+SELECT schedule.*, clock_timestamp() AS now
+FROM {schema}.schedules AS schedule
+WHERE name = %(name)s
+FOR UPDATE;
+
+-- name: schedule_insert
+INSERT INTO {schema}.schedules
+    (name, cron, timezone, task, queue, payload, priority, max_attempts, source, next_run_at)
+VALUES (%(name)s, %(cron)s, %(timezone)s, %(task)s, %(queue)s, %(payload)s::jsonb,
+        %(priority)s, %(max_attempts)s, %(source)s, %(next_run_at)s);
+
+-- name: schedule_redefine
+-- A declared schedule whose definition changed, or which was removed and is declared
+-- again; the sync decides enabled, disabled_by and next_run_at.
+UPDATE {schema}.schedules
+SET cron = %(cron)s, timezone = %(timezone)s, task = %(task)s, queue = %(queue)s,
+    payload = %(payload)s::jsonb, priority = %(priority)s, max_attempts = %(max_attempts)s,
+    source = %(source)s, enabled = %(enabled)s, disabled_by = %(disabled_by)s,
+    next_run_at = %(next_run_at)s, removed_at = NULL, updated_at = now()
+WHERE name = %(name)s;
+
+-- name: schedule_remove
+-- Schedules their plugin no longer declares: disabled (by the sync, unless the operator
+-- had already), never deleted.
+UPDATE {schema}.schedules
+SET removed_at = now(),
+    enabled = false,
+    disabled_by = CASE WHEN enabled THEN 'sync' ELSE disabled_by END,
+    next_run_at = NULL,
+    updated_at = now()
+WHERE name = ANY(%(names)s::text[]);
+
+-- name: schedule_set_enabled
+UPDATE {schema}.schedules
+SET enabled = %(enabled)s,
+    disabled_by = CASE WHEN %(enabled)s THEN NULL ELSE 'operator' END,
+    next_run_at = %(next_run_at)s,
+    updated_at = now()
+WHERE name = %(name)s
+RETURNING *;
+
+-- name: schedule_last_runs
+-- For /metrics: when each schedule's last job was enqueued (a few rows).
+SELECT name, extract(epoch FROM last_run_at)::float8 AS last_run
+FROM {schema}.schedules
+WHERE last_run_at IS NOT NULL
+ORDER BY name;

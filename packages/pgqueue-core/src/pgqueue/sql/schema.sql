@@ -52,7 +52,14 @@ CREATE TABLE {schema}.active_jobs (
     -- The latest failed attempts, oldest first, at most 20: one object each with
     -- attempt, failed_at, worker_id and error (cut to 2,000 characters). NULL until an
     -- attempt fails: most jobs never do, and NULL costs nothing to store or read.
-    errors           jsonb
+    errors           jsonb,
+    -- The W3C trace context (traceparent, tracestate) of the span that enqueued the
+    -- job, as OpenTelemetry's propagator wrote it, for the worker's span of each
+    -- attempt to link to. NULL when the producer was not tracing.
+    trace_context    jsonb,
+    -- At most one queued or running job per unique key (active_jobs_unique_key_idx):
+    -- a job that leaves this table frees its key. NULL for most jobs.
+    unique_key       text
 ) WITH (
     -- Every job is updated while it runs (claim, heartbeats). Heartbeats touch only
     -- lease_expires_at, which no index references, so they can be HOT updates that stay
@@ -73,9 +80,17 @@ CREATE INDEX active_jobs_claim_idx ON {schema}.active_jobs (queue, priority DESC
     WHERE state = 'queued';
 
 -- The reaper reads only running rows. lease_expires_at is deliberately not indexed
--- (see fillfactor above); the running set is as small as the workers' slots.
-CREATE INDEX active_jobs_running_idx ON {schema}.active_jobs (id)
+-- (see fillfactor above); the running set is as small as the workers' slots. By queue
+-- first, so a claim of a queue with a concurrency limit counts that queue's running
+-- jobs alone (see job_claim).
+CREATE INDEX active_jobs_running_idx ON {schema}.active_jobs (queue, id)
     WHERE state = 'running';
+
+-- Unique jobs: an enqueue whose unique key a queued or running job holds inserts
+-- nothing (ON CONFLICT on this index) and returns that job instead. Only this table is
+-- indexed: finishing a job moves it out, which frees its key without another write.
+CREATE UNIQUE INDEX active_jobs_unique_key_idx ON {schema}.active_jobs (unique_key)
+    WHERE unique_key IS NOT NULL;
 
 -- The same columns, in the same order, so a job moves with INSERT ... SELECT and the
 -- jobs view is a plain UNION ALL. Partitioned by state (list), each state by day of
@@ -100,7 +115,9 @@ CREATE TABLE {schema}.finished_jobs (
     last_error       text,
     result           jsonb,
     idempotency_key  text,
-    errors           jsonb
+    errors           jsonb,
+    trace_context    jsonb,
+    unique_key       text            -- kept for history; held by no one once finished
 ) PARTITION BY LIST (state);
 
 -- Each state's days. A DEFAULT partition takes any row no day covers (a day not
@@ -124,6 +141,11 @@ CREATE TABLE {schema}.finished_jobs_cancelled_default
 CREATE INDEX finished_jobs_id_idx ON {schema}.finished_jobs (id);
 -- Listing one queue's finished jobs, newest first.
 CREATE INDEX finished_jobs_queue_idx ON {schema}.finished_jobs (queue, id);
+-- The recent finished jobs (the dashboard's jobs finished per minute). BRIN: a few
+-- bytes per range of pages, cheap for the acks that insert, and fit for day partitions
+-- whose rows arrive in finished_at order; autosummarize keeps the ranges summarized.
+CREATE INDEX finished_jobs_finished_at_idx ON {schema}.finished_jobs
+    USING brin (finished_at) WITH (autosummarize = on);
 
 -- Every job, wherever it is. Read-only: jobs change through pgqueue's statements.
 CREATE VIEW {schema}.jobs AS
@@ -155,6 +177,29 @@ CREATE TABLE {schema}.queue_counters (
     PRIMARY KEY (queue, slot)
 );
 
+-- Run times of the attempts that succeeded, per queue and task, as the buckets of a
+-- histogram: the seconds from claim to ack on the database clock (started_at to
+-- finished_at), counted by job_ack_many in the same statement, so /metrics reads a
+-- few rows per queue and task however much history is kept. le is the bucket's upper
+-- bound (see run_time_bounds; 'Infinity' for the last); attempts and seconds are that
+-- bucket's, not cumulative. Slots as in queue_counters.
+CREATE TABLE {schema}.run_time_buckets (
+    queue    text NOT NULL,
+    task     text NOT NULL,
+    le       double precision NOT NULL,
+    slot     smallint NOT NULL,
+    attempts bigint NOT NULL DEFAULT 0,
+    seconds  double precision NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, task, le, slot)
+);
+
+-- The upper bounds of run_time_buckets, in seconds, ascending; 'Infinity' is the last.
+CREATE FUNCTION {schema}.run_time_bounds() RETURNS double precision[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900,
+                 3600, 'Infinity']::float8[]
+$$;
+
 -- The workers that may be waiting for jobs, per queue: a LISTENing worker whose last
 -- claim came back short, until its next claim or expires_at (see job_claim). Only
 -- enqueues and retries into these queues notify (see job_insert in queries.sql): a
@@ -169,6 +214,73 @@ CREATE UNLOGGED TABLE {schema}.queue_waiters (
 
 CREATE INDEX queue_waiters_queue_idx ON {schema}.queue_waiters (queue, expires_at);
 CREATE INDEX queue_waiters_waiter_idx ON {schema}.queue_waiters (waiter);
+
+-- What an operator set for a queue: paused, a concurrency limit (jobs running at once
+-- across every worker) and a rate limit (jobs started per second across every worker).
+-- Only queues with settings have a row: a claim reads this table's primary key for the
+-- queues it asks for, and a queue with no row pays nothing more. A claim of a limited
+-- queue first locks its row (see job_claim_lock), so such claims take turns and each
+-- counts the running jobs the one before it committed. tokens and tokens_at are the
+-- rate limit's token bucket, refilled at rate_limit per second up to a tenth of a
+-- second's worth (at least one job), and spent by those claims.
+CREATE TABLE {schema}.queue_settings (
+    queue             text PRIMARY KEY,
+    paused            boolean NOT NULL DEFAULT false,
+    concurrency_limit integer CHECK (concurrency_limit >= 0),
+    rate_limit        double precision
+                      CHECK (rate_limit > 0 AND rate_limit < 'Infinity'::double precision),
+    tokens            double precision NOT NULL DEFAULT 0,
+    tokens_at         timestamptz NOT NULL DEFAULT now(),
+    updated_at        timestamptz NOT NULL DEFAULT now()
+);
+
+-- The workers running now: each `pgqueue worker` inserts its row when it starts,
+-- renews it with every heartbeat (an idle worker still beats) and deletes it when it
+-- stops. A row whose expires_at has passed is a worker that died: it no longer counts,
+-- and the reaper deletes it. Unlogged, as queue_waiters: a worker's next heartbeat
+-- writes its row again after a crash or a failover has emptied the table.
+CREATE UNLOGGED TABLE {schema}.workers (
+    id           text PRIMARY KEY,
+    host         text NOT NULL,
+    pid          integer NOT NULL,
+    version      text NOT NULL,
+    queues       text[] NOT NULL,
+    tasks        text[] NOT NULL,
+    concurrency  integer NOT NULL,
+    started_at   timestamptz NOT NULL,
+    last_seen_at timestamptz NOT NULL,
+    expires_at   timestamptz NOT NULL
+);
+
+-- Periodic jobs (see pgqueue.schedules): one row per schedule a plugin declared,
+-- written by each worker's sync when it starts and by the operator's enable and
+-- disable. Rows are never deleted: a schedule its plugin no longer declares gets
+-- removed_at and is disabled (disabled_by 'sync'), and comes back enabled if declared
+-- again; one the operator disabled (disabled_by 'operator') stays so across restarts
+-- and redefinitions. The scheduler enqueues one job per tick: under an advisory lock,
+-- in one transaction, it enqueues for each enabled row whose next_run_at has come (an
+-- idempotency key of name and tick) and moves next_run_at to the first tick after the
+-- database's now, so ticks missed while no scheduler ran make one run, not a stampede.
+CREATE TABLE {schema}.schedules (
+    name         text PRIMARY KEY,
+    cron         text NOT NULL,
+    timezone     text NOT NULL,
+    task         text NOT NULL,
+    queue        text NOT NULL,
+    payload      jsonb NOT NULL,
+    priority     smallint NOT NULL,
+    max_attempts integer CHECK (max_attempts >= 1),  -- NULL: the jobs' default
+    source       text NOT NULL,                      -- the plugin that declares it
+    enabled      boolean NOT NULL DEFAULT true,
+    disabled_by  text CHECK (disabled_by IN ('operator', 'sync')),
+    removed_at   timestamptz,
+    next_run_at  timestamptz,                        -- NULL while disabled
+    last_run_at  timestamptz,                        -- when its last job was enqueued
+    last_tick_at timestamptz,                        -- the tick that job was for
+    last_job_id  bigint,
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    updated_at   timestamptz NOT NULL DEFAULT now()
+);
 
 -- A job's error history with one more failed attempt, the last 20 kept, each error cut
 -- to 2,000 characters, so a job that fails forever stays a row of bounded size.

@@ -1,0 +1,263 @@
+"""The dashboard's pages and the fragments they poll (every read goes through
+``Queue``; each is bounded: see the statements behind ``stats``, ``finished_per_minute``,
+``list``, ``get``, ``get_by_idempotency_key`` and ``get_by_unique_key``)."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path, Query, Request
+from starlette.concurrency import run_in_threadpool
+from starlette.responses import RedirectResponse, Response
+
+from pgqueue import JobNotFound, Queue, ValidationError
+from pgqueue.queue import JobPage
+from pgqueue_api.schemas import JOB_ID_MAX
+from pgqueue_api.ui import views
+from pgqueue_api.ui.common import queue_controls, queue_of, render, require_session
+
+PAGE_SIZE = 50
+TASK_SCAN_IDS = 20_000
+"""Ids a page of jobs filtered by task looks at, at most (see _listing)."""
+JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX)]
+
+router = APIRouter(include_in_schema=False, dependencies=[Depends(require_session)])
+
+
+def queues_context(request: Request) -> dict[str, Any]:
+    """What the queues page shows (run in a worker thread: the reads block)."""
+    queue = queue_of(request)
+    stats = queue.stats()
+    charts = views.finished_charts(request.app.state.ui_finished.rows(queue))
+    return {"queues": stats, "charts": charts, "empty_chart": views.Chart()}
+
+
+@router.get("/ui")
+async def queues_page(request: Request) -> Response:
+    """Every queue: counts by state, finished per minute, the oldest waiting job."""
+    context = await run_in_threadpool(queues_context, request)
+    return render(request, "queues.html", **context)
+
+
+@router.get("/ui/fragments/queues")
+async def queues_fragment(request: Request) -> Response:
+    """The queues table, polled by the queues page."""
+    context = await run_in_threadpool(queues_context, request)
+    return render(request, "_queues.html", **context)
+
+
+def _blank(value: str | None) -> str | None:
+    value = (value or "").strip()
+    return value or None
+
+
+def _find(queue: Queue, text: str) -> int | None:
+    """The id of the job that ``text`` names: by id, by idempotency key, or by unique key
+    (held, and so found, only while its job is queued or running)."""
+    if text.isdigit() and 1 <= int(text) <= JOB_ID_MAX:
+        try:
+            return queue.get(int(text)).id
+        except JobNotFound:
+            pass
+    try:
+        job = queue.get_by_idempotency_key(text) or queue.get_by_unique_key(text)
+    except ValidationError:
+        return None
+    return job.id if job else None
+
+
+State = Annotated[
+    Literal["", "queued", "running", "succeeded", "dead", "cancelled"] | None, Query()
+]
+Name = Annotated[str | None, Query(max_length=200)]
+After = Annotated[int | None, Query(ge=1, le=JOB_ID_MAX)]
+
+
+def _listing(
+    store: Queue, filters: dict[str, str | None], after: int | None
+) -> tuple[JobPage, int | None, tuple[int, int] | None]:
+    """A page of jobs, the ``after`` of the next one, and, for a task filter, the window
+    of ids the page looked at when it was not filled."""
+    above = window = None
+    if filters["task"]:
+        # No index serves a task filter: look at a window of TASK_SCAN_IDS ids at a
+        # time, so that a page reads that many jobs at most, however rare the task.
+        if after is not None:
+            top = after - 1
+        else:
+            newest = store.list(limit=1).jobs
+            top = newest[0].id if newest else 0
+        above = max(0, top - TASK_SCAN_IDS)
+        window = (above + 1, top)
+    page = store.list(**filters, limit=PAGE_SIZE, after=after, above=above or None)
+    if page.next_after is None and window and window[0] > 1:
+        return page, window[0], window  # the window held fewer: go on below it
+    return page, page.next_after, None
+
+
+@router.get("/ui/jobs")
+async def jobs_page(
+    request: Request,
+    queue: Name = None,
+    task: Name = None,
+    state: State = None,
+    q: Annotated[str | None, Query(max_length=300)] = None,
+    after: After = None,
+    bulk: Annotated[Literal["cancel", "retry"] | None, Query()] = None,
+    done: Annotated[int | None, Query(ge=0)] = None,
+    skipped: Annotated[int | None, Query(ge=0)] = None,
+) -> Response:
+    """Jobs newest first, filtered by queue, task and state, a page at a time (keyset:
+    ``after`` is the last id of the page before); ``q`` finds one job by id, by
+    idempotency key or by the unique key of a queued or running job."""
+    store = queue_of(request)
+    filters = {"queue": _blank(queue), "task": _blank(task), "state": _blank(state)}
+    search = _blank(q)
+    not_found = None
+    if search:
+        found = await run_in_threadpool(_find, store, search)
+        if found is not None:
+            return RedirectResponse(f"/ui/jobs/{found}", status_code=303)
+        not_found = search
+
+    def read() -> tuple[tuple[JobPage, int | None, tuple[int, int] | None], list[str]]:
+        return _listing(store, filters, after), sorted(s.queue for s in store.stats())
+
+    (page, next_after, window), queue_names = await run_in_threadpool(read)
+    return render(
+        request,
+        "jobs.html",
+        page=page,
+        next_after=next_after,
+        window=window,
+        filters=filters,
+        query={name: value for name, value in filters.items() if value},
+        after=after,
+        queue_names=queue_names,
+        not_found=not_found,
+        message=_bulk_message(bulk, done or 0, skipped or 0),
+    )
+
+
+@router.get("/ui/fragments/jobs")
+async def jobs_fragment(
+    request: Request,
+    queue: Name = None,
+    task: Name = None,
+    state: State = None,
+    after: After = None,
+) -> Response:
+    """The rows of a page of jobs, polled by the jobs page (which morphs them in, so
+    that the jobs ticked stay ticked)."""
+    filters = {"queue": _blank(queue), "task": _blank(task), "state": _blank(state)}
+    page, _, _ = await run_in_threadpool(_listing, queue_of(request), filters, after)
+    return render(request, "_job_rows.html", page=page)
+
+
+def _bulk_message(verb: str | None, done: int, skipped: int) -> str | None:
+    if verb is None:
+        return None
+    past = "cancelled" if verb == "cancel" else "retried"
+    text = f"{done} job{'s' if done != 1 else ''} {past}"
+    if skipped:
+        text += f"; {skipped} skipped (their state does not allow it to be {past})"
+    return text + "."
+
+
+def _job_context(queue: Queue, job_id: int) -> dict[str, Any]:
+    job = queue.get(job_id)
+    return {
+        "job": job,
+        "events": views.timeline(job),
+        "payload": views.pretty_json(job.payload),
+        "result": None if job.result is None else views.pretty_json(job.result),
+        "errors_json": views.pretty_json(job.errors) if job.errors else None,
+    }
+
+
+@router.get("/ui/jobs/{job_id}")
+async def job_page(
+    request: Request,
+    job_id: JobId,
+    done: Annotated[Literal["cancel", "retry"] | None, Query()] = None,
+    refused: Annotated[Literal["cancel", "retry"] | None, Query()] = None,
+) -> Response:
+    """One job: its fields, payload, result, timeline and error history."""
+    try:
+        context = await run_in_threadpool(_job_context, queue_of(request), job_id)
+    except JobNotFound:
+        return render(request, "not_found.html", status_code=404, job_id=job_id)
+    message = None
+    if done:
+        message = f"Job {'cancelled' if done == 'cancel' else 'put back to queued'}."
+    elif refused:
+        past = "cancelled" if refused == "cancel" else "retried"
+        message = f"Not {past}: the job's state does not allow it."
+    return render(request, "job.html", message=message, refused=bool(refused), **context)
+
+
+@router.get("/ui/fragments/jobs/{job_id}")
+async def job_fragment(request: Request, job_id: JobId) -> Response:
+    """The live part of a job's page (state, timeline, result, actions)."""
+    try:
+        context = await run_in_threadpool(_job_context, queue_of(request), job_id)
+    except JobNotFound:
+        return Response("This job no longer exists (pruned).", status_code=404)
+    return render(request, "_job.html", **context)
+
+
+@router.get("/ui/jobs/{job_id}/{part}.json")
+async def job_json(request: Request, job_id: JobId, part: Literal["payload", "result"]) -> Response:
+    """All of a job's payload or result, pretty, for values too long for its page."""
+    try:
+        job = await run_in_threadpool(queue_of(request).get, job_id)
+    except JobNotFound:
+        return Response(f"no job {job_id}", status_code=404, media_type="text/plain")
+    value = job.payload if part == "payload" else job.result
+    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    return Response(text, media_type="application/json")
+
+
+def _workers_context(queue: Queue) -> dict[str, Any]:
+    return {"workers": queue.workers()}  # type: ignore[attr-defined]
+
+
+@router.get("/ui/workers")
+async def workers_page(request: Request) -> Response:
+    """Live workers from the registry."""
+    if not queue_controls()["workers"]:
+        return render(request, "not_found.html", status_code=404, job_id=None)
+    context = await run_in_threadpool(_workers_context, queue_of(request))
+    return render(request, "workers.html", **context)
+
+
+@router.get("/ui/fragments/workers")
+async def workers_fragment(request: Request) -> Response:
+    """The workers table, polled by the workers page."""
+    if not queue_controls()["workers"]:
+        return Response(status_code=404)
+    context = await run_in_threadpool(_workers_context, queue_of(request))
+    return render(request, "_workers.html", **context)
+
+
+def schedules_context(queue: Queue) -> dict[str, Any]:
+    return {"schedules": queue.schedules()}  # type: ignore[attr-defined]
+
+
+@router.get("/ui/schedules")
+async def schedules_page(request: Request) -> Response:
+    """Every schedule: cron, time zone, next and last run, enabled or not."""
+    if not queue_controls()["schedules"]:
+        return render(request, "not_found.html", status_code=404, job_id=None)
+    context = await run_in_threadpool(schedules_context, queue_of(request))
+    return render(request, "schedules.html", error=None, **context)
+
+
+@router.get("/ui/fragments/schedules")
+async def schedules_fragment(request: Request) -> Response:
+    """The schedules table, polled by the schedules page."""
+    if not queue_controls()["schedules"]:
+        return Response(status_code=404)
+    context = await run_in_threadpool(schedules_context, queue_of(request))
+    return render(request, "_schedules.html", **context)

@@ -1,0 +1,88 @@
+"""Adding many keyless jobs with COPY, the fastest way PostgreSQL takes rows in.
+
+``enqueue_many`` sends small batches as one INSERT over arrays. For large ones the
+server's work dominates: unnesting one array per column and computing each row's run_at
+cost it about three times what the same rows cost through COPY (results/enqueue.json).
+So a large keyless batch takes three steps in one transaction:
+
+1. ``job_ids_reserve`` takes the batch's ids from the job sequence, in order, and reads
+   the transaction's ``now()``: the database clock, the same value the rows' defaults
+   (``enqueued_at``) and an INSERT's ``now() + delay`` would use;
+2. ``job_copy`` streams the rows, with those ids and each run_at computed from that
+   clock, so that every column of every job is known without reading anything back;
+3. ``queues_wake`` notifies the queues that have a waiting worker, as the INSERT
+   statements' wake-up does.
+
+Keyed batches keep the INSERT: an idempotency key or a unique key needs ON CONFLICT,
+which COPY lacks (see pgqueue/keyed.py).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING
+
+import psycopg
+
+from pgqueue import jsonb, queries
+from pgqueue.job import Job
+
+if TYPE_CHECKING:
+    from pgqueue.queue import JobSpec
+
+COPY_MIN_JOBS = 200
+"""Batches of at least this many keyless jobs go through COPY. Below it, the two extra
+round trips cost more than COPY saves (measured in results/enqueue.json)."""
+
+
+def copy_jobs(
+    conn: psycopg.Connection,
+    schema: str,
+    specs: Sequence[JobSpec],
+    trace_context: str | None = None,
+) -> list[Job]:
+    """Add ``specs`` (none with an idempotency or a unique key) on ``conn`` by COPY, in the
+    connection's current transaction, and return their jobs in input order.
+    ``trace_context`` (JSON text, see :mod:`pgqueue.tracing`) is stored with each job.
+
+    ``conn`` must not be in autocommit mode: the three statements have to be one
+    transaction, or a failure halfway would leave ids taken and jobs missing.
+    """
+    cur = conn.cursor()
+    reserved = cur.execute(
+        queries.bind("job_ids_reserve", schema), {"count": len(specs)}
+    ).fetchone()
+    assert reserved is not None
+    now, ids = reserved
+    run_ats = [_run_at(spec, now) for spec in specs]
+    with cur.copy(queries.bind("job_copy", schema)) as copy:
+        for job_id, spec, run_at in zip(ids, specs, run_ats, strict=True):
+            copy.write_row(
+                (
+                    job_id,
+                    spec.queue,
+                    spec.task,
+                    spec.payload_text,
+                    spec.priority,
+                    run_at,
+                    spec.max_attempts,
+                    spec.timeout_seconds,
+                    trace_context,
+                )
+            )
+    queues = sorted({spec.queue for spec in specs})
+    cur.execute(queries.bind("queues_wake", schema), {"queues": queues})
+    # As the table gives them back: the stored JSON texts, loaded in one parse.
+    payloads = jsonb.load_json_texts([spec.payload_text for spec in specs])
+    return [
+        spec.queued_job(job_id, run_at, now, loaded_payload=payload)
+        for job_id, spec, run_at, payload in zip(ids, specs, run_ats, payloads, strict=True)
+    ]
+
+
+def _run_at(spec: JobSpec, now: datetime) -> datetime:
+    """When the job may first run, on the database's clock (as job_insert computes it)."""
+    if spec.run_at is not None:
+        return spec.run_at
+    return now + timedelta(seconds=spec.delay_seconds or 0.0)

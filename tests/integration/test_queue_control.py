@@ -1,0 +1,209 @@
+"""Queues as objects: pause, concurrency and rate limits enforced by the claim, and what
+an operator can and cannot set."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import psycopg
+import pytest
+
+from pgqueue import (
+    UNSET,
+    JobSpec,
+    Queue,
+    QueueInfo,
+    QueueNotFound,
+    ValidationError,
+    Waiter,
+    queries,
+)
+
+
+def _enqueue(queue: Queue, count: int, name: str = "default", task: str = "t") -> None:
+    queue.enqueue_many(JobSpec(task, {"n": n}, queue=name) for n in range(count))
+
+
+def test_a_paused_queue_accepts_jobs_and_gives_none_until_resumed(queue: Queue) -> None:
+    _enqueue(queue, 3)
+    assert queue.pause_queue("default") == QueueInfo("default", True, None, None)
+    _enqueue(queue, 2)
+    assert queue.claim(["default"], ["t"], limit=10) == []
+    assert queue.next_run_in(["default"], ["t"]) is None  # nothing to wait for
+    assert queue.resume_queue("default") == QueueInfo("default", False, None, None)
+    assert len(queue.claim(["default"], ["t"], limit=10)) == 5
+
+
+def test_a_pause_holds_back_only_its_own_queue(queue: Queue) -> None:
+    _enqueue(queue, 2, "a")
+    _enqueue(queue, 2, "b")
+    queue.pause_queue("a")
+    assert {job.queue for job in queue.claim(["a", "b"], ["t"], limit=10)} == {"b"}
+
+
+def test_a_concurrency_limit_counts_the_running_jobs_of_every_worker(queue: Queue) -> None:
+    _enqueue(queue, 10)
+    queue.update_queue("default", concurrency_limit=3)
+    assert len(queue.claim(["default"], ["t"], limit=2, worker_id="a")) == 2
+    [second] = queue.claim(["default"], ["t"], limit=5, worker_id="b")
+    assert queue.claim(["default"], ["t"], limit=5, worker_id="c") == []
+    queue.ack(second)
+    assert len(queue.claim(["default"], ["t"], limit=5, worker_id="c")) == 1
+    # Raised, the limit leaves room at once; removed, there is none.
+    queue.update_queue("default", concurrency_limit=5)
+    assert len(queue.claim(["default"], ["t"], limit=5)) == 2
+    queue.update_queue("default", concurrency_limit=None)
+    assert len(queue.claim(["default"], ["t"], limit=5)) == 4  # the rest
+
+
+def test_a_concurrency_limit_holds_when_many_claims_race(queue: Queue) -> None:
+    """Each claim of a limited queue waits for the one before it: forty claims racing
+    from eight threads never hold more than the limit between them."""
+    _enqueue(queue, 200)
+    queue.update_queue("default", concurrency_limit=7)
+    start = threading.Barrier(8)
+    claimed: list[int] = []
+    lock = threading.Lock()
+
+    def claimer() -> None:
+        start.wait()
+        for _ in range(5):
+            jobs = queue.claim(["default"], ["t"], limit=3)
+            with lock:
+                claimed.extend(job.id for job in jobs)
+
+    threads = [threading.Thread(target=claimer) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(claimed) == 7
+    running = next(s for s in queue.stats() if s.queue == "default").counts["running"]
+    assert running == 7
+
+
+def test_a_rate_limit_is_a_token_bucket_of_a_tenth_of_a_second(queue: Queue) -> None:
+    _enqueue(queue, 100)
+    queue.update_queue("default", rate_limit=50)  # 5 tokens at most, refilled 50/s
+    time.sleep(0.3)
+    # Full after an idle spell: a burst of a tenth of a second's worth.
+    assert len(queue.claim(["default"], ["t"], limit=100)) == 5
+    # Then one job per 1/50 s (the machine may be slow to ask again).
+    assert len(queue.claim(["default"], ["t"], limit=100)) <= 2
+    # A worker is told when the next whole job's worth is there (1/50 s at most).
+    queue.claim(["default"], ["t"], limit=100)
+    wait = queue.next_run_in(["default"], ["t"])
+    assert wait is not None and wait <= 0.02
+    started = time.monotonic()
+    claimed = 0
+    while time.monotonic() - started < 1.0:
+        claimed += len(queue.claim(["default"], ["t"], limit=100))
+        time.sleep(0.01)
+    # 50 a second, and at most a bucket's worth more; fewer if the claims come late.
+    assert 30 <= claimed <= 57
+
+
+def test_a_slow_rate_still_starts_one_job_at_a_time(queue: Queue) -> None:
+    _enqueue(queue, 3)
+    queue.update_queue("default", rate_limit=2)  # a bucket of 1 job, one every 0.5 s
+    time.sleep(0.55)
+    assert len(queue.claim(["default"], ["t"], limit=10)) == 1
+    assert queue.claim(["default"], ["t"], limit=10) == []
+    assert 0.3 < queue.next_run_in(["default"], ["t"]) <= 0.5
+
+
+def test_settings_left_out_are_kept_and_none_removes_a_limit(queue: Queue) -> None:
+    _enqueue(queue, 1)
+    queue.update_queue("default", concurrency_limit=4, rate_limit=2.5)
+    info = queue.update_queue("default", paused=True)
+    assert info == QueueInfo("default", True, 4, 2.5)
+    assert queue.update_queue("default", rate_limit=None) == QueueInfo("default", True, 4, None)
+    assert queue.update_queue("default") == QueueInfo("default", True, 4, None)
+    stats = next(s for s in queue.stats() if s.queue == "default")
+    assert (stats.paused, stats.concurrency_limit, stats.rate_limit) == (True, 4, None)
+    assert UNSET is not None
+
+
+def test_a_queue_that_never_existed_is_not_found_unless_created(queue: Queue) -> None:
+    with pytest.raises(QueueNotFound, match="'nowhere'"):
+        queue.pause_queue("nowhere")
+    with pytest.raises(QueueNotFound):
+        queue.update_queue("nowhere", concurrency_limit=1)
+    assert queue.pause_queue("later", create=True).paused
+    # Configured before its first job, it is listed.
+    assert [s.queue for s in queue.stats()] == ["later"]
+    _enqueue(queue, 1, "later")
+    assert queue.claim(["later"], ["t"]) == []
+
+
+def test_a_queue_with_only_finished_jobs_exists(queue: Queue) -> None:
+    _enqueue(queue, 1, "done")
+    queue.ack(queue.claim(["done"], ["t"])[0])
+    assert queue.update_queue("done", rate_limit=1).rate_limit == 1.0
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "message"),
+    [
+        ("concurrency_limit", -1, "must not be negative"),
+        ("concurrency_limit", 1.5, "whole number"),
+        ("concurrency_limit", True, "whole number"),
+        ("concurrency_limit", 2**31, "at most"),
+        ("rate_limit", 0, "greater than 0"),
+        ("rate_limit", -2.0, "greater than 0"),
+        ("rate_limit", math.nan, "finite"),
+        ("rate_limit", math.inf, "finite"),
+        ("rate_limit", "10", "number of jobs per second"),
+        ("paused", "yes", "true or false"),
+        ("paused", None, "true or false"),
+    ],
+)
+def test_bad_settings_are_refused_naming_the_field(
+    queue: Queue, setting: str, value: object, message: str
+) -> None:
+    _enqueue(queue, 1)
+    with pytest.raises(ValidationError, match=message) as refused:
+        queue.update_queue("default", **{setting: value})
+    assert refused.value.field == setting
+
+
+def test_resuming_notifies_the_queue_at_once(queue: Queue, database_url: str) -> None:
+    _enqueue(queue, 1)
+    queue.pause_queue("default")
+    # A worker waiting on a paused queue is not recorded as a waiter: enqueues into it
+    # wake nobody, and the resume wakes every listener of the queue itself.
+    queue.claim(["default"], ["t"], waiter=Waiter("w/0", 30.0))
+    with psycopg.connect(database_url, autocommit=True) as listener:
+        queue.listen(listener)
+        _enqueue(queue, 1)
+        assert [n.payload for n in listener.notifies(timeout=0.3, stop_after=1)] == []
+        queue.resume_queue("default")
+        assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["default"]
+
+
+def test_a_claim_that_did_not_lock_a_limited_queue_takes_nothing_from_it(
+    queue: Queue, db, schema: str
+) -> None:
+    """A limit set between a claim's lock and its count (or a claim run without the
+    lock) must not let that claim count room the next claim counts too."""
+    _enqueue(queue, 2, "limited")
+    _enqueue(queue, 2, "free")
+    queue.update_queue("limited", concurrency_limit=5)
+    params = {
+        "queues": ["limited", "free"],
+        "tasks": ["t"],
+        "limit": 10,
+        "lease_seconds": 30,
+        "worker_id": "w",
+        "waiter": None,
+        "waiter_seconds": None,
+    }
+    with db.transaction(force_rollback=True):
+        rows = db.execute(queries.bind("job_claim", schema), params).fetchall()
+    assert len(rows) == 2  # the free queue's only
+    with db.transaction(force_rollback=True):
+        db.execute(queries.bind("job_claim_lock", schema), params)
+        rows = db.execute(queries.bind("job_claim", schema), params).fetchall()
+    assert len(rows) == 4

@@ -1,0 +1,62 @@
+"""``results/model.json``: what a long run of the state-machine test exercised, per
+PostgreSQL major version (a run on one version keeps the other's figures)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from pgqueue_bench import environment, results
+
+RESULTS_NAME = "model"
+REPOSITORY_RESULTS = Path(__file__).resolve().parents[2] / "results"
+
+
+@dataclass
+class ModelStatistics:
+    """Counted by the state machine as it runs."""
+
+    examples: int = 0
+    """Sequences of steps, each on a fresh schema."""
+    steps: int = 0
+    """Rules run (enqueue, claim, ack, ...)."""
+    invariant_checks: int = 0
+    """Comparisons of the whole database with the model, each after a step."""
+
+
+def write_model_results(
+    statistics: ModelStatistics, server_version: int, seconds: float, runs: int
+) -> Path:
+    """Record this run's figures under its server version; return the file's path."""
+    folder = results.results_dir(
+        None if "PGQUEUE_RESULTS_DIR" in os.environ else REPOSITORY_RESULTS
+    )
+    document = results.read(RESULTS_NAME, folder) or {}
+    by_version = document.get("postgresql", {})
+    by_version[str(server_version)] = {
+        "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
+        "seconds": round(seconds, 1),
+        "hypothesis_runs": runs,
+        "failures": 0,
+        **asdict(statistics),
+    }
+    document.update(
+        {
+            "benchmark": RESULTS_NAME,
+            "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "description": (
+                "The Hypothesis state machine of tests/model run for a fixed time "
+                "(nox -s model): examples (each a fresh schema), steps (rules run) and "
+                "invariant checks (the whole database compared with the model after each "
+                "step). The run stops at its first failure, so a recorded run had none."
+            ),
+            "environment": {
+                "machine": environment.machine(),
+                "packages": environment.package_versions(),
+            },
+            "postgresql": by_version,
+        }
+    )
+    return results.write(RESULTS_NAME, document, folder)

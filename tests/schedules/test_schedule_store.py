@@ -1,0 +1,215 @@
+"""Schedules in the database: the sync's adds, updates and removals, the operator's
+switch across syncs, and the scheduler's round (one job per tick, one run after
+downtime, a tick never twice), on real PostgreSQL."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import UTC, datetime, timedelta
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgqueue import Queue
+from pgqueue.schedules import Schedule, ScheduleNotFound, tick_key
+
+PLUGIN = "plugin-a"
+
+
+def declared(*schedules: Schedule) -> dict[str, Schedule]:
+    return {s.name: s for s in schedules}
+
+
+def hourly(name: str = "hourly", **changes) -> Schedule:
+    options = {"cron": "0 * * * *", "task": "tick", "source": PLUGIN, **changes}
+    return Schedule(name=name, **options)
+
+
+def rows(queue: Queue) -> dict[str, object]:
+    return {info.name: info for info in queue.schedules()}
+
+
+def set_due(db: psycopg.Connection, schema: str, name: str, moment: datetime) -> None:
+    db.execute(
+        sql.SQL("UPDATE {}.schedules SET next_run_at = %s WHERE name = %s").format(
+            sql.Identifier(schema)
+        ),
+        (moment, name),
+    )
+
+
+def database_now(db: psycopg.Connection) -> datetime:
+    return db.execute("SELECT now()").fetchone()[0]
+
+
+def scheduled_jobs(queue: Queue, name: str):
+    return [
+        j
+        for j in queue.list(limit=1000).jobs
+        if (j.idempotency_key or "").startswith(f"schedule:{name}@")
+    ]
+
+
+def test_a_sync_adds_updates_and_disables_by_disappearance_and_logs_each(
+    queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pgqueue.schedules")
+    report = queue.sync_schedules(declared(hourly("a"), hourly("b")), [PLUGIN])
+    assert (report.added, report.updated, report.removed) == (["a", "b"], [], [])
+    found = rows(queue)
+    assert found["a"].enabled and found["a"].source == PLUGIN
+    assert found["a"].next_run_at > datetime.now(UTC) - timedelta(seconds=5)
+    assert "schedule a added by plugin plugin-a" in caplog.text
+
+    again = queue.sync_schedules(declared(hourly("a"), hourly("b")), [PLUGIN])
+    assert (again.added, again.updated, again.removed, again.unchanged) == ([], [], [], ["a", "b"])
+
+    changed = queue.sync_schedules(
+        declared(hourly("a", cron="*/5 * * * *", payload={"v": 2})), [PLUGIN]
+    )
+    assert (changed.updated, changed.removed) == (["a"], ["b"])
+    found = rows(queue)
+    assert found["a"].cron == "*/5 * * * *" and found["a"].payload == {"v": 2}
+    assert found["a"].next_run_at.minute % 5 == 0
+    assert not found["b"].enabled and found["b"].disabled_by == "sync"
+    assert found["b"].removed_at is not None and found["b"].next_run_at is None
+    assert "schedule a updated by plugin plugin-a: cron '0 * * * *' -> '*/5 * * * *'" in caplog.text
+    assert "schedule b disabled: plugin plugin-a no longer declares it" in caplog.text
+
+    # Declared again: back, enabled.
+    back = queue.sync_schedules(
+        declared(hourly("a", cron="*/5 * * * *", payload={"v": 2}), hourly("b")), [PLUGIN]
+    )
+    assert back.updated == ["b"]
+    b = rows(queue)["b"]
+    assert b.enabled and b.disabled_by is None and b.removed_at is None and b.next_run_at
+
+
+def test_a_sync_leaves_the_schedules_of_plugins_it_did_not_load_alone(queue: Queue) -> None:
+    queue.sync_schedules(declared(hourly("theirs", source="plugin-b")), ["plugin-b"])
+    report = queue.sync_schedules(declared(hourly("mine")), [PLUGIN])
+    assert report.removed == []
+    assert rows(queue)["theirs"].enabled
+
+
+def test_the_operators_switch_survives_restarts_and_redefinitions(queue: Queue) -> None:
+    queue.sync_schedules(declared(hourly("a")), [PLUGIN])
+    off = queue.set_schedule_enabled("a", False)
+    assert not off.enabled and off.disabled_by == "operator" and off.next_run_at is None
+
+    queue.sync_schedules(declared(hourly("a")), [PLUGIN])  # a restart
+    assert not rows(queue)["a"].enabled
+    queue.sync_schedules(declared(hourly("a", cron="15 * * * *")), [PLUGIN])  # a redeploy
+    assert not rows(queue)["a"].enabled and rows(queue)["a"].cron == "15 * * * *"
+    queue.sync_schedules({}, [PLUGIN])  # removed...
+    queue.sync_schedules(declared(hourly("a")), [PLUGIN])  # ...and declared again
+    found = rows(queue)["a"]
+    assert not found.enabled and found.disabled_by == "operator"
+
+    on = queue.set_schedule_enabled("a", True)
+    assert on.enabled and on.disabled_by is None and on.next_run_at.minute == 0
+    queue.sync_schedules(declared(hourly("a")), [PLUGIN])
+    assert rows(queue)["a"].enabled
+
+
+def test_an_unknown_schedule_is_not_found(queue: Queue) -> None:
+    with pytest.raises(ScheduleNotFound, match="schedule 'nope' not found"):
+        queue.set_schedule_enabled("nope", True)
+
+
+def test_a_due_tick_enqueues_one_job_and_moves_the_schedule_on(
+    queue: Queue, db: psycopg.Connection, schema: str
+) -> None:
+    queue.sync_schedules(declared(hourly("a", payload={"k": 1}, queue="reports")), [PLUGIN])
+    tick = database_now(db).replace(minute=0, second=0, microsecond=0)
+    set_due(db, schema, "a", tick)
+
+    done = queue.run_due_schedules()
+    assert done.ran and [(r.schedule, r.tick, r.created) for r in done.runs] == [("a", tick, True)]
+    jobs = scheduled_jobs(queue, "a")
+    assert len(jobs) == 1
+    job = jobs[0]
+    assert (job.task, job.queue, job.payload) == ("tick", "reports", {"k": 1})
+    assert job.idempotency_key == tick_key("a", tick)
+    info = rows(queue)["a"]
+    assert info.last_tick_at == tick and info.last_job_id == job.id
+    assert info.last_run_at is not None and info.next_run_at == tick + timedelta(hours=1)
+    assert 0 < done.next_due_seconds <= 3600
+
+    assert queue.run_due_schedules().runs == []  # not due again
+    assert queue.schedule_last_runs() == {"a": info.last_run_at.timestamp()}
+
+
+def test_a_tick_that_already_has_its_job_gets_no_second_one(
+    queue: Queue, db: psycopg.Connection, schema: str
+) -> None:
+    """Even if a schedule were moved back to a tick it ran, the key holds."""
+    queue.sync_schedules(declared(hourly("a")), [PLUGIN])
+    tick = database_now(db).replace(minute=0, second=0, microsecond=0)
+    set_due(db, schema, "a", tick)
+    first = queue.run_due_schedules().runs[0]
+    set_due(db, schema, "a", tick)
+    second = queue.run_due_schedules().runs[0]
+    assert second.job_id == first.job_id and not second.created
+    assert len(scheduled_jobs(queue, "a")) == 1
+
+
+def test_after_downtime_all_missed_ticks_make_one_run(
+    queue: Queue, db: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pgqueue.schedules")
+    queue.sync_schedules(declared(hourly("a", cron="* * * * *")), [PLUGIN])
+    now = database_now(db)
+    first_missed = now.replace(second=0, microsecond=0) - timedelta(hours=3)
+    set_due(db, schema, "a", first_missed)
+
+    done = queue.run_due_schedules()
+    assert [(r.tick, r.created) for r in done.runs] == [(first_missed, True)]
+    assert len(scheduled_jobs(queue, "a")) == 1
+    info = rows(queue)["a"]
+    assert info.next_run_at > now and info.next_run_at - now <= timedelta(minutes=1)
+    assert "schedule a missed 180 more ticks" in caplog.text or (
+        "schedule a missed 179 more ticks" in caplog.text
+    )
+    assert queue.run_due_schedules().runs == []
+
+
+def test_a_disabled_schedule_does_not_run_and_enabling_it_skips_what_it_missed(
+    queue: Queue, db: psycopg.Connection, schema: str
+) -> None:
+    queue.sync_schedules(declared(hourly("a", cron="* * * * *")), [PLUGIN])
+    set_due(db, schema, "a", database_now(db) - timedelta(hours=1))
+    queue.set_schedule_enabled("a", False)
+    assert queue.run_due_schedules().runs == []
+    on = queue.set_schedule_enabled("a", True)
+    assert on.next_run_at > database_now(db) - timedelta(seconds=1)
+    assert queue.run_due_schedules().runs == []
+    assert scheduled_jobs(queue, "a") == []
+
+
+def test_rounds_racing_on_many_threads_enqueue_each_tick_once(
+    queue: Queue, db: psycopg.Connection, schema: str
+) -> None:
+    queue.sync_schedules(declared(*(hourly(f"s{i}") for i in range(5))), [PLUGIN])
+    tick = database_now(db).replace(minute=0, second=0, microsecond=0)
+    for i in range(5):
+        set_due(db, schema, f"s{i}", tick)
+    start = threading.Barrier(8)
+    rounds = []
+
+    def race() -> None:
+        start.wait()
+        rounds.append(queue.run_due_schedules())
+
+    threads = [threading.Thread(target=race) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    runs = [run for done in rounds for run in done.runs]
+    assert sorted(run.schedule for run in runs) == [f"s{i}" for i in range(5)]
+    assert all(run.created for run in runs)
+    for i in range(5):
+        assert len(scheduled_jobs(queue, f"s{i}")) == 1
