@@ -522,7 +522,8 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
     def enqueue_many(
         self, specs: Iterable[JobSpec], *, conn: psycopg.Connection | None = None
     ) -> list[EnqueueResult]:
-        """Add many jobs in one statement, all or nothing; results follow the input order.
+        """Add many jobs in one transaction, all or nothing; results follow the input
+        order. Large keyless batches go in by COPY (see :mod:`pgqueue.bulk`).
 
         A payload over ``max_payload_bytes`` raises :class:`~pgqueue.validation.TooLarge`
         (a ValidationError) whose ``index`` is its position in ``specs``; nothing is added.
