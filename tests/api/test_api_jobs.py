@@ -148,6 +148,7 @@ def test_queues_counts_jobs_by_state_and_ages_the_oldest_runnable(api: httpx.Cli
     queue.ack(claimed, None)
     queues = {q["queue"]: q for q in api.get("/queues").json()["queues"]}
     assert queues["mail"]["counts"] == {
+        "waiting": 0,
         "queued": 2,
         "running": 0,
         "succeeded": 1,

@@ -47,6 +47,7 @@ def test_metrics_match_known_job_counts(api: httpx.Client, queue: Queue):
 
     samples = _scrape(api)
     assert {state.value: _jobs(samples, "mail", state.value) for state in JobState} == {
+        "waiting": 0,
         "queued": 1,
         "running": 1,
         "succeeded": 1,

@@ -8,6 +8,7 @@ job that did not succeed.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -43,4 +44,22 @@ def test_workers_killed_mid_job_lose_no_job(database_url: str, tmp_path: Path) -
     assert run["jobs_lost"] == 0
     assert run["jobs_succeeded"] == SCENARIO.jobs
     assert run["jobs_never_delivered"] == 0
+    assert run["unexpected_worker_exits"] == []
+
+
+def test_killed_workers_lose_no_job_and_release_no_dependent_early_or_twice(
+    database_url: str, tmp_path: Path
+) -> None:
+    scenario = dataclasses.replace(SCENARIO, dependencies=True)
+    run = run_crash(database_url, scenario, log_dir=tmp_path)
+
+    assert run["workers_killed"] == scenario.kills
+    assert run["jobs_with_expired_lease"] >= 1
+    assert not run["timed_out"]
+    assert run["jobs_lost"] == 0
+    assert run["jobs_succeeded"] == scenario.jobs
+    # 150 jobs in groups of ten: two of each group wait for others.
+    assert run["dependent_jobs"] == 30
+    assert run["dependents_delivered_early"] == 0
+    assert run["dependency_counts_below_zero"] == 0
     assert run["unexpected_worker_exits"] == []

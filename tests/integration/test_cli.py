@@ -25,7 +25,9 @@ def test_enqueue_status_job_cancel_retry_and_prune(database_url, schema):
 
     status = run("status", *db)
     assert status.returncode == 0
-    assert status.stdout.split("\n")[1].split()[:2] == ["cli", "1"]
+    header, row = status.stdout.split("\n")[:2]
+    assert header.split()[:3] == ["queue", "waiting", "queued"]
+    assert row.split()[:3] == ["cli", "0", "1"]
 
     shown = json.loads(run("job", str(job["id"]), *db).stdout)
     assert shown["id"] == job["id"]

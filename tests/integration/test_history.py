@@ -47,7 +47,14 @@ def test_finishing_moves_a_job_out_of_the_active_table_and_retry_brings_it_back(
     assert retried.errors == dead.errors and retried.last_error == "boom"
     assert _count(db, schema, "finished_jobs") == 0
     counts = {s.queue: s.counts for s in queue.stats()}["default"]
-    assert counts == {"queued": 1, "running": 0, "succeeded": 0, "dead": 0, "cancelled": 0}
+    assert counts == {
+        "waiting": 0,
+        "queued": 1,
+        "running": 0,
+        "succeeded": 0,
+        "dead": 0,
+        "cancelled": 0,
+    }
 
 
 def test_counts_follow_every_move_without_triggers(queue: Queue, db, schema):
@@ -70,7 +77,14 @@ def test_counts_follow_every_move_without_triggers(queue: Queue, db, schema):
     queue.ack(fourth, None)
 
     stats = {s.queue: s.counts for s in queue.stats()}["default"]
-    assert stats == {"queued": 3, "running": 0, "succeeded": 2, "dead": 0, "cancelled": 1}
+    assert stats == {
+        "waiting": 0,
+        "queued": 3,
+        "running": 0,
+        "succeeded": 2,
+        "dead": 0,
+        "cancelled": 1,
+    }
     (metrics,) = queue.metrics_snapshot().queues
     assert (metrics.completed, metrics.failures) == (2, 1)
 

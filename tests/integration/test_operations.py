@@ -23,6 +23,7 @@ def test_stats_count_each_state_per_queue(queue):
     queue.ack(job)
     stats = {s.queue: s for s in queue.stats()}
     assert stats["default"].counts == {
+        "waiting": 0,
         "queued": 1,
         "running": 0,
         "succeeded": 1,

@@ -106,3 +106,31 @@ def test_the_finished_per_minute_chart_reads_through_an_index_on_every_day(schem
     ).fetchall()
     assert len(tables) >= 7  # the table, a partition and a DEFAULT per state, and days
     assert sorted(indexed) == sorted(tables)
+
+
+def test_dependencies_show_as_links_and_waiting_jobs_are_counted_and_filtered(
+    start_api, queue: Queue
+):
+    api = start_api()
+    root = queue.enqueue("build", {}).job
+    waiting = queue.enqueue("deploy", {}, depends_on=[root.id]).job
+    with logged_in_client(api.url) as client:
+        page = client.get(f"/ui/jobs/{waiting.id}").text
+        assert '<span class="badge waiting" id="job-state">waiting</span>' in page
+        assert f'<dd id="depends-on"><a href="/ui/jobs/{root.id}">{root.id}</a></dd>' in page
+        assert '<dd id="dependents">-</dd>' in page
+        # A waiting job can change: its page polls, and it can be cancelled.
+        assert f'hx-get="/ui/fragments/jobs/{waiting.id}"' in page
+        assert f'action="/ui/jobs/{waiting.id}/cancel"' in page
+        fragment = client.get(f"/ui/fragments/jobs/{root.id}").text
+        assert f'<dd id="dependents"><a href="/ui/jobs/{waiting.id}">{waiting.id}</a></dd>' in (
+            fragment
+        )
+
+        overview = client.get("/ui").text
+        assert '<th class="num">waiting</th>' in overview
+        assert re.search(r'data-state="waiting"><a href="[^"]*state=waiting">1</a>', overview)
+        listed = client.get("/ui/jobs", params={"state": "waiting"})
+        assert listed.status_code == 200
+        assert _ids(listed.text) == [waiting.id]
+        assert '<option value="waiting" selected>' in listed.text

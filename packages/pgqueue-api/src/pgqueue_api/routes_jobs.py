@@ -18,7 +18,15 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic_core import to_json
 from starlette.concurrency import run_in_threadpool
 
-from pgqueue import IdempotencyConflict, JobSpec, Queue, ValidationError, validation
+from pgqueue import (
+    BatchItem,
+    IdempotencyConflict,
+    JobSpec,
+    Queue,
+    UnknownDependencies,
+    ValidationError,
+    validation,
+)
 from pgqueue import Job as StoredJob
 from pgqueue_api import schemas
 from pgqueue_api.errors import conflict_response
@@ -31,12 +39,14 @@ from pgqueue_api.schemas import (
     TOO_LARGE,
     UNAVAILABLE,
     BatchCreated,
+    EarlierItem,
     ErrorResponse,
     JobBatchCreate,
     JobCreate,
     JobFilter,
     JobPage,
     job_body,
+    job_detail_body,
 )
 from pgqueue_api.strict_json import StrictJSONRoute
 from pgqueue_api.unserved import refuse_unserved
@@ -55,7 +65,8 @@ router = APIRouter(route_class=StrictJSONRoute, tags=["jobs"])
 
 def job_spec(job: JobCreate) -> JobSpec:
     """The core's JobSpec for a request's job; raises pgqueue.ValidationError naming the
-    field for what the request schema cannot express (NUL characters, delay and run_at)."""
+    field for what the request schema cannot express (NUL characters, delay and run_at).
+    A batch item's ``{"index": N}`` dependency becomes ``pgqueue.BatchItem(N)``."""
     return JobSpec(
         task=job.task,
         payload=job.payload,
@@ -67,7 +78,16 @@ def job_spec(job: JobCreate) -> JobSpec:
         max_attempts=job.max_attempts,
         timeout_seconds=job.timeout_seconds,
         unique_key=job.unique_key,
+        depends_on=[
+            BatchItem(item.index) if isinstance(item, EarlierItem) else item
+            for item in job.depends_on
+        ],
     )
+
+
+def _unknown_dependencies(exc: UnknownDependencies, field: str) -> ValidationError:
+    """``exc`` (naming every unknown id) as the error of the request field ``field``."""
+    return ValidationError(field, UnknownDependencies(exc.job_ids).message)
 
 
 def json_response(body: Any, status_code: int = 200) -> Response:
@@ -107,7 +127,11 @@ async def enqueue_job(job: JobCreate, queue: QueueDep, request: Request) -> Resp
     if that job has another task, queue or payload, the answer is 409 naming what
     differs (priority and timing are not compared). With a `unique_key` that a queued or
     running job holds, that job is returned with 200, not compared; a finished job
-    holds no unique key."""
+    holds no unique key.
+
+    With `depends_on`, the job is `waiting` until those jobs have succeeded (`queued`
+    at once if they already have), and `cancelled` if one of them ends dead or
+    cancelled; ids that are no job are refused with 422 naming them."""
     reject = request.app.state.settings.reject_unserved_tasks
     return await run_in_threadpool(_enqueue_one, queue, job, reject)
 
@@ -119,6 +143,8 @@ def _enqueue_one(queue: Queue, job: JobCreate, reject_unserved: bool = False) ->
         # One job: a keyless one is a single autocommit statement (Queue.enqueue's path),
         # a round trip where a batch of one would take three.
         outcome = queue.enqueue_spec(job_spec(job))
+    except UnknownDependencies as exc:
+        raise _unknown_dependencies(exc, "depends_on") from None
     except IdempotencyConflict as exc:
         return conflict_response(exc, in_batch=False)
     note_job(outcome.job.id)
@@ -137,7 +163,11 @@ async def enqueue_jobs(batch: JobBatchCreate, queue: QueueDep, request: Request)
     come back in request order, each saying whether it was created or its idempotency
     key already belonged to a job (or a queued or running job held its unique key). An
     item whose idempotency key belongs to a job with another task, queue or payload
-    makes the answer 409, naming it, and nothing is enqueued."""
+    makes the answer 409, naming it, and nothing is enqueued.
+
+    An item's `depends_on` may name the job of an earlier item of the batch as
+    `{"index": N}`; an index that is not an earlier item, or ids that are no job, make
+    the answer 422, and nothing is enqueued."""
     reject = request.app.state.settings.reject_unserved_tasks
     return await run_in_threadpool(_enqueue_many, queue, batch, reject)
 
@@ -147,6 +177,12 @@ def _enqueue_many(queue: Queue, batch: JobBatchCreate, reject_unserved: bool = F
         refuse_unserved(queue, [(job.queue, job.task) for job in batch.jobs], in_batch=True)
     specs = []
     for index, job in enumerate(batch.jobs):
+        for item in job.depends_on:
+            if isinstance(item, EarlierItem) and item.index >= index:
+                raise ValidationError(
+                    f"jobs[{index}].depends_on",
+                    f"index {item.index} is not an earlier item of the batch",
+                )
         try:
             specs.append(job_spec(job))
         except ValidationError as exc:
@@ -155,6 +191,9 @@ def _enqueue_many(queue: Queue, batch: JobBatchCreate, reject_unserved: bool = F
         outcomes = queue.enqueue_many(specs)
     except validation.TooLarge as exc:
         raise ValidationError(f"jobs[{exc.index}].payload", exc.message) from None
+    except UnknownDependencies as exc:
+        # A batch of one names no item; its item is the first.
+        raise _unknown_dependencies(exc, f"jobs[{exc.index or 0}].depends_on") from None
     except IdempotencyConflict as exc:
         return conflict_response(exc, in_batch=True)
     items = [{"created": outcome.created, "job": job_body(outcome.job)} for outcome in outcomes]
@@ -187,13 +226,20 @@ def _list_jobs(queue: Queue, filters: JobFilter) -> Response:
 
 @router.get(
     "/jobs/{job_id}",
-    response_model=schemas.Job,
+    response_model=schemas.JobDetail,
     summary="Get a job",
     responses={**NOT_FOUND, **INVALID, **UNAVAILABLE},
 )
 async def get_job(job_id: JobId, queue: QueueDep) -> Response:
-    """The job's state, attempts, last error, result and timestamps."""
-    return await run_in_threadpool(_job_response, queue.get, job_id)
+    """The job's state, attempts, last error, result and timestamps, and the ids of the
+    jobs it depends on (`depends_on`) and of those that depend on it (`dependents`)."""
+    return await run_in_threadpool(_job_detail, queue, job_id)
+
+
+def _job_detail(queue: Queue, job_id: int) -> Response:
+    note_job(job_id)
+    job = queue.get(job_id)
+    return json_response(job_detail_body(job, queue.dependencies(job_id)))
 
 
 @router.post(
@@ -209,8 +255,9 @@ async def get_job(job_id: JobId, queue: QueueDep) -> Response:
     },
 )
 async def cancel_job(job_id: JobId, queue: QueueDep) -> Response:
-    """Cancel a queued or running job. A running job's lease is revoked: its worker's
-    outcome is discarded and it is not retried."""
+    """Cancel a waiting, queued or running job. A running job's lease is revoked: its
+    worker's outcome is discarded and it is not retried. The jobs waiting for it are
+    cancelled too, and theirs in turn."""
     return await run_in_threadpool(_job_response, queue.cancel, job_id)
 
 

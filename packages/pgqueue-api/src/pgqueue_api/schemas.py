@@ -15,6 +15,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AwareDatetime,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictFloat,
@@ -24,7 +25,8 @@ from pydantic import (
 )
 
 from pgqueue import Job as StoredJob
-from pgqueue import JobState, QueueStats, validation
+from pgqueue import JobDependencies, JobState, QueueStats, validation
+from pgqueue.dependencies import MAX_DEPENDENCIES
 from pgqueue.job import ERROR_HISTORY_CHARS, ERRORS_KEPT
 
 MAX_BATCH_JOBS = 1000
@@ -48,6 +50,10 @@ Name = Annotated[
         pattern=validation.NAME_PATTERN.pattern,
     ),
 ]
+
+
+JobIdValue = Annotated[StrictInt, Field(ge=1, le=JOB_ID_MAX)]
+"""A job id in a request body."""
 
 
 class _Request(BaseModel):
@@ -122,6 +128,16 @@ class JobCreate(_Request):
         le=validation.MAX_SECONDS,
         description="Time limit of one attempt, in seconds; none by default.",
     )
+    depends_on: list[JobIdValue] = Field(
+        default_factory=list,
+        max_length=MAX_DEPENDENCIES,
+        description=(
+            "Ids of jobs that must succeed before this one runs: until then it is "
+            "`waiting` (`queued` at once if they all have already succeeded). If one of "
+            "them ends dead or cancelled, this job is cancelled too. Ids that are no job "
+            "are refused with 422 naming them, and nothing is enqueued."
+        ),
+    )
 
     @field_validator("run_at", mode="before")
     @classmethod
@@ -154,10 +170,57 @@ class JobFilter(_Request):
     )
 
 
+class EarlierItem(_Request):
+    """In a batch item's ``depends_on``: an earlier item of the same batch."""
+
+    index: StrictInt = Field(
+        ge=0,
+        le=MAX_BATCH_JOBS - 1,
+        description="The item's position in `jobs`, from 0; it must come before this one.",
+    )
+
+
+def _dependency_shape(value: Any) -> Any:
+    """Refuse, with one clear message, a batch item's dependency that is neither a job id
+    nor ``{"index": N}`` (the union below would otherwise report one error per branch)."""
+    if isinstance(value, dict):
+        index = value.get("index")
+        if set(value) != {"index"} or isinstance(index, bool) or not isinstance(index, int):
+            raise ValueError('an earlier item of the batch is given as {"index": N}')
+        if not 0 <= index < MAX_BATCH_JOBS:
+            raise ValueError(f"index must be from 0 to {MAX_BATCH_JOBS - 1}")
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= JOB_ID_MAX:
+        raise ValueError(
+            'must be a job id (an integer from 1) or {"index": N} for an earlier item of the batch'
+        )
+    return value
+
+
+Dependency = Annotated[JobIdValue | EarlierItem, BeforeValidator(_dependency_shape)]
+
+
+class BatchJobCreate(JobCreate):
+    """A job to enqueue in a batch."""
+
+    depends_on: list[Dependency] = Field(  # type: ignore[assignment]
+        default_factory=list,
+        max_length=MAX_DEPENDENCIES,
+        description=(
+            'Jobs that must succeed before this one runs: ids, or `{"index": N}` for '
+            "the job of the earlier item N of this batch (created or returned). Until "
+            "then it is `waiting` (`queued` at once if they all have already succeeded). "
+            "If one of them ends dead or cancelled, this job is cancelled too. Ids that "
+            "are no job, or an index that is not an earlier item, are refused with 422, "
+            "and nothing is enqueued."
+        ),
+    )
+
+
 class JobBatchCreate(_Request):
     """Jobs to enqueue together, all or none."""
 
-    jobs: list[JobCreate] = Field(
+    jobs: list[BatchJobCreate] = Field(
         min_length=1,
         max_length=MAX_BATCH_JOBS,
         description=f"1 to {MAX_BATCH_JOBS} jobs, inserted in this order in one statement.",
@@ -185,8 +248,9 @@ class Job(_Response):
     priority: int = Field(description="Higher priorities are claimed first.")
     state: JobState = Field(
         description=(
-            "queued (waiting for run_at), running (claimed under a lease), succeeded, "
-            "dead (failed max_attempts times) or cancelled."
+            "waiting (for the jobs in its depends_on to succeed), queued (waiting for "
+            "run_at), running (claimed under a lease), succeeded, dead (failed "
+            "max_attempts times) or cancelled."
         )
     )
     attempts: int = Field(description="How many times the job has been claimed.")
@@ -216,6 +280,18 @@ class Job(_Response):
     )
 
 
+class JobDetail(Job):
+    """A job as stored, with the jobs it depends on and the jobs that depend on it
+    (listings leave these out: they would cost a query per job)."""
+
+    depends_on: list[int] = Field(
+        description="Ids of the jobs it waits (or waited) for, ascending; some may be pruned."
+    )
+    dependents: list[int] = Field(
+        description="Ids of the jobs that wait (or waited) for it, ascending."
+    )
+
+
 JOB_FIELDS = tuple(Job.model_fields)
 
 
@@ -224,6 +300,15 @@ def job_body(job: StoredJob) -> dict[str, Any]:
     stays private to the worker. Plain data, not a model: every value already has the
     declared type (it comes from the database), and a batch answer holds a thousand."""
     return {name: getattr(job, name) for name in JOB_FIELDS}
+
+
+def job_detail_body(job: StoredJob, dependencies: JobDependencies) -> dict[str, Any]:
+    """The answer body of :class:`JobDetail` for ``job``."""
+    return {
+        **job_body(job),
+        "depends_on": dependencies.depends_on,
+        "dependents": dependencies.dependents,
+    }
 
 
 class BatchItem(_Response):
@@ -256,6 +341,7 @@ class JobPage(_Response):
 class StateCounts(_Response):
     """Jobs in each state."""
 
+    waiting: int = Field(description="Waiting for the jobs they depend on to succeed.")
     queued: int = Field(description="Waiting to run, now or later.")
     running: int = Field(description="Claimed by a worker.")
     succeeded: int = Field(description="Finished successfully.")

@@ -7,10 +7,15 @@ starts. A killed worker's leases expire after ``lease_seconds``; the reaper puts
 jobs back, and another worker runs them again. At the end the jobs table and the
 delivery rows say how many jobs succeeded, how many were never delivered, and how
 many were delivered more than once (at-least-once allows duplicates, never loss).
+
+With ``dependencies`` (``--dependencies``), each ten jobs are a small graph: the ninth
+waits for the first eight, the tenth for the ninth. The run then also checks that no dependent was delivered before all its
+dependencies had succeeded, and that no waiting job was counted down twice.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import tempfile
 import time
@@ -19,11 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import click
+import psycopg
+from psycopg.rows import dict_row
 
-from pgqueue import Queue
+from pgqueue import BatchItem, JobSpec, Queue
 from pgqueue_bench import database, environment, handlers, observe, results
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
 from pgqueue_bench.progress import LiveLine
+from pgqueue_bench.queries import schema_statement
 
 QUEUE_NAME = "bench_crash"
 
@@ -47,6 +55,9 @@ class CrashScenario:
     max_attempts: int = 25
     timeout: float = 300.0
     seed: int | None = None
+    # Jobs in groups of DEPENDENCY_GROUP that wait for each other (see the module's
+    # docstring).
+    dependencies: bool = False
 
     def worker_settings(self) -> WorkerSettings:
         """Short lease and reap intervals, so lost leases come back within a second."""
@@ -61,6 +72,31 @@ class CrashScenario:
             retry_cap=1.0,
             shutdown_timeout=10,
         )
+
+
+DEPENDENCY_GROUP = 10
+
+
+def _enqueue_with_dependencies(queue: Queue, specs: list[JobSpec]) -> None:
+    """``specs`` in groups of DEPENDENCY_GROUP, one enqueue_many each: in a group, the
+    second to last job waits for those before it, the last for the second to last."""
+    for start in range(0, len(specs), DEPENDENCY_GROUP):
+        group = specs[start : start + DEPENDENCY_GROUP]
+        if len(group) >= 3:
+            fan_in = len(group) - 2
+            group[-2] = dataclasses.replace(
+                group[-2], depends_on=[BatchItem(i) for i in range(fan_in)]
+            )
+            group[-1] = dataclasses.replace(group[-1], depends_on=[BatchItem(fan_in)])
+        queue.enqueue_many(group)
+
+
+def _dependency_figures(url: str, schema: str) -> dict[str, int]:
+    """Dependents delivered before every dependency of theirs had succeeded, and waiting
+    jobs counted down below zero (released twice): both must be 0."""
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        row = conn.execute(schema_statement("dependency_order", schema)).fetchone()
+    return dict(row)
 
 
 def _worker_pid(worker_id: str | None) -> int | None:
@@ -94,7 +130,10 @@ def run_crash(
             work_ms=scenario.work_ms,
             max_attempts=scenario.max_attempts,
         )
-        observe.enqueue_in_batches(queue, specs)
+        if scenario.dependencies:
+            _enqueue_with_dependencies(queue, specs)
+        else:
+            observe.enqueue_in_batches(queue, specs)
         started_at = database.database_now(url)
         kills = 0
         kills_holding = 0
@@ -138,6 +177,7 @@ def run_crash(
             unexpected_exits = fleet.unexpected_exits()
         progress.clear()
         evidence = observe.evidence(queue, url, schema, log_dir)
+        ordering = _dependency_figures(url, schema) if scenario.dependencies else {}
     finished_at = evidence.outcome.last_finished_at
     wall = (finished_at - started_at).total_seconds() if finished_at else None
     return {
@@ -148,6 +188,7 @@ def run_crash(
         "timed_out": timed_out,
         "workers_started": fleet.started,
         "unexpected_worker_exits": unexpected_exits,
+        **ordering,
     }
 
 
@@ -169,6 +210,12 @@ def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "every_job_succeeded_in_every_run": all(
             run["jobs_lost"] == 0 and not run["timed_out"] for run in runs
+        ),
+        # Runs with dependencies: no dependent ran early, none was released twice.
+        "every_dependency_kept_in_every_run": all(
+            run.get("dependents_delivered_early", 0) == 0
+            and run.get("dependency_counts_below_zero", 0) == 0
+            for run in runs
         ),
         **{name: results.spread(run[name] for run in runs) for name in SUMMARY_FIGURES},
     }
@@ -197,6 +244,12 @@ def _describe_run(run: dict[str, Any]) -> str:
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--seed", type=int, help="Seed for the choice of victims.")
 @click.option("--quick", is_flag=True, help="200 jobs, one run.")
+@click.option(
+    "--dependencies",
+    is_flag=True,
+    help="Jobs in groups of ten that wait for each other: also check that no dependent "
+    "ran before its dependencies succeeded.",
+)
 @click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
 @click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
 def crash_command(
@@ -209,6 +262,7 @@ def crash_command(
     repeats: int,
     seed: int | None,
     quick: bool,
+    dependencies: bool,
     database_url: str | None,
     results_dir: str | None,
 ) -> None:
@@ -224,6 +278,7 @@ def crash_command(
         kill_interval=kill_interval,
         kills=kills,
         seed=seed,
+        dependencies=dependencies,
     )
     runs = []
     with LiveLine() as progress:
@@ -254,3 +309,5 @@ def crash_command(
     click.echo(f"wrote {path}")
     if not summary["every_job_succeeded_in_every_run"]:
         raise click.ClickException("some jobs did not succeed: see the runs above")
+    if not summary["every_dependency_kept_in_every_run"]:
+        raise click.ClickException("a dependent ran before its dependencies: see the runs")

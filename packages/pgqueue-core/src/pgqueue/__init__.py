@@ -1,6 +1,7 @@
 """pgqueue: a durable, at-least-once job queue whose only moving part is PostgreSQL."""
 
 from pgqueue.backoff import backoff_seconds
+from pgqueue.dependencies import BatchItem, JobDependencies
 from pgqueue.errors import (
     DatabaseUnavailable,
     IdempotencyConflict,
@@ -12,6 +13,7 @@ from pgqueue.errors import (
     PgQueueError,
     QueueNotFound,
     UniqueKeyHeld,
+    UnknownDependencies,
     ValidationError,
 )
 from pgqueue.hookspecs import hookimpl
@@ -25,12 +27,14 @@ from pgqueue.registry import UnservedTask, WorkerInfo, WorkerRegistration
 __all__ = [
     "UNSET",
     "AckBatch",
+    "BatchItem",
     "DatabaseUnavailable",
     "EnqueueResult",
     "IdempotencyConflict",
     "IdempotencyMismatch",
     "InvalidTransition",
     "Job",
+    "JobDependencies",
     "JobNotFound",
     "JobPage",
     "JobSpec",
@@ -46,6 +50,7 @@ __all__ = [
     "QueueStats",
     "TaskHandler",
     "UniqueKeyHeld",
+    "UnknownDependencies",
     "UnservedTask",
     "ValidationError",
     "Waiter",

@@ -236,6 +236,14 @@ def migrate(database_url: str | None, schema: str) -> None:
 )
 @click.option("--max-attempts", type=int, default=5, show_default=True)
 @click.option("--timeout", "timeout_seconds", type=float, help="Per-attempt time limit in seconds.")
+@click.option(
+    "--depends-on",
+    "depends_on",
+    type=click.IntRange(min=1),
+    multiple=True,
+    metavar="JOB_ID",
+    help="Wait until this job has succeeded (repeatable); cancelled if it ends dead or cancelled.",
+)
 @database_options
 def enqueue(
     task: str,
@@ -244,7 +252,10 @@ def enqueue(
     schema: str,
     **options: Any,
 ) -> None:
-    """Enqueue one TASK and print the job as JSON."""
+    """Enqueue one TASK and print the job as JSON.
+
+    With --depends-on, the job is waiting until those jobs have succeeded (queued at
+    once if they already have)."""
     try:
         body = json.loads(payload)
     except json.JSONDecodeError as exc:
@@ -304,16 +315,26 @@ def status(database_url: str | None, schema: str, as_json: bool) -> None:
 @click.argument("job_id", type=int)
 @database_options
 def show_job(job_id: int, database_url: str | None, schema: str) -> None:
-    """Show one job as JSON, with the errors of its failed attempts (the latest 20)."""
+    """Show one job as JSON, with the errors of its failed attempts (the latest 20), the
+    ids of the jobs it depends on (depends_on) and of those that depend on it
+    (dependents)."""
     with open_queue(database_url, schema) as queue:
-        _echo_json(queue.get(job_id).to_dict())
+        job = queue.get(job_id)
+        dependencies = queue.dependencies(job_id)
+    _echo_json(
+        {
+            **job.to_dict(),
+            "depends_on": dependencies.depends_on,
+            "dependents": dependencies.dependents,
+        }
+    )
 
 
 @main.command(epilog=COMMAND_EXIT_STATUSES)
 @click.argument("job_id", type=int)
 @database_options
 def cancel(job_id: int, database_url: str | None, schema: str) -> None:
-    """Cancel a queued or running job."""
+    """Cancel a waiting, queued or running job, and the jobs waiting for it."""
     with open_queue(database_url, schema) as queue:
         job = queue.cancel(job_id)
     click.echo(f"job {job.id} cancelled")

@@ -118,6 +118,20 @@ class IdempotencyConflict(PgQueueError):
         self.fields = first.fields
 
 
+class UnknownDependencies(ValidationError):
+    """An enqueue named dependencies (``depends_on``) that are no job: nothing is
+    enqueued. ``job_ids`` lists them all, ascending; ``index`` is the position of the
+    first item naming one, in a batch."""
+
+    def __init__(self, job_ids: list[int], *, index: int | None = None) -> None:
+        where = f"item {index}: " if index is not None else ""
+        names = ", ".join(str(job_id) for job_id in job_ids)
+        noun = "jobs" if len(job_ids) > 1 else "job"
+        super().__init__("depends_on", f"{where}no {noun} with id {names}")
+        self.job_ids = job_ids
+        self.index = index
+
+
 class DatabaseUnavailable(PgQueueError):
     """PostgreSQL could not be reached, or refused writes (read-only, shutting down)."""
 

@@ -13,8 +13,11 @@ from typing import Any
 
 
 class JobState(enum.StrEnum):
-    """Where a job is in its life. See ``sql/migrations/0001_jobs.sql`` for who moves it."""
+    """Where a job is in its life. See ``sql/schema.sql`` for who moves it."""
 
+    WAITING = "waiting"
+    """Enqueued with dependencies that have not all succeeded (see
+    :mod:`pgqueue.dependencies`)."""
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"

@@ -51,14 +51,23 @@ def is_keyed(spec: JobSpec) -> bool:
 
 
 def insert_keyed(
-    cur: psycopg.Cursor, schema: str, specs: Sequence[JobSpec], trace_context: str | None
+    cur: psycopg.Cursor,
+    schema: str,
+    specs: Sequence[JobSpec],
+    trace_context: str | None,
+    *,
+    pending_dependencies: Sequence[int | None] | None = None,
 ) -> tuple[list[EnqueueResult], list[IdempotencyMismatch]]:
     """Enqueue ``specs`` (some with keys) on ``cur``, a dict-row jsonb cursor (see
     :func:`pgqueue.jsonb.cursor`), in its connection's transaction, which must not be in
     autocommit mode. Returns the result of each spec, in input order, and the specs
     whose idempotency key belongs to a job with another task, queue or payload (the
     caller decides what to do with what this call created, see ``Queue.enqueue_many``).
+
+    ``pending_dependencies`` gives, per spec, how many of its dependencies have not
+    succeeded: a spec with any is inserted waiting (see :mod:`pgqueue.dependencies`).
     """
+    waits = list(pending_dependencies or [None] * len(specs))
     results: list[EnqueueResult | None] = [None] * len(specs)
     conflicts: list[IdempotencyMismatch] = []
     pending = list(range(len(specs)))
@@ -66,7 +75,10 @@ def insert_keyed(
         by_idempotency: list[int] = []
         by_unique: list[int] = []
         released: list[tuple[str, int]] = []
-        for row in _insert(cur, schema, [specs[i] for i in pending], trace_context):
+        rows = _insert(
+            cur, schema, [specs[i] for i in pending], [waits[i] for i in pending], trace_context
+        )
+        for row in rows:
             index = pending[row["position"] - 1]
             spec = specs[index]
             if row["id"] is not None:
@@ -99,13 +111,18 @@ def insert_keyed(
 
 
 def _insert(
-    cur: psycopg.Cursor, schema: str, specs: list[JobSpec], trace_context: str | None
+    cur: psycopg.Cursor,
+    schema: str,
+    specs: list[JobSpec],
+    waits: list[int | None],
+    trace_context: str | None,
 ) -> list[dict[str, Any]]:
     """job_insert_many_keyed for ``specs``: one row per spec, in order."""
     rows = []
-    for spec in specs:
+    for spec, wait in zip(specs, waits, strict=True):
         row = spec.params()
         row["unique_key"] = spec.unique_key
+        row["pending_dependencies"] = wait
         if trace_context is not None:
             row["trace_context"] = trace_context
         rows.append(row)

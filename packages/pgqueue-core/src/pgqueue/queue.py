@@ -14,7 +14,7 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -27,9 +27,10 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from pgqueue import bulk, history, jsonb, keyed, queries, tracing, validation
+from pgqueue import bulk, dependencies, history, jsonb, keyed, queries, tracing, validation
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS, backoff_seconds
 from pgqueue.deadlines import WATCHDOG, DeadlineExceeded
+from pgqueue.dependencies import BatchItem, JobDependencies
 from pgqueue.errors import (
     DatabaseUnavailable,
     IdempotencyConflict,
@@ -100,6 +101,9 @@ class JobSpec:
     unique_key: str | None = None
     """While a queued or running job holds this key, enqueueing another returns that job
     instead (see :mod:`pgqueue.keyed`)."""
+    depends_on: Sequence[int | BatchItem] = ()
+    """Jobs that must succeed before this one is queued: ids, or earlier items of the
+    same ``enqueue_many`` call (see :mod:`pgqueue.dependencies`)."""
 
     def __post_init__(self) -> None:
         validation.name("task", self.task)
@@ -118,6 +122,8 @@ class JobSpec:
             validation.unique_key(self.unique_key)
         if self.timeout_seconds is not None:
             validation.seconds("timeout_seconds", self.timeout_seconds, positive=True)
+        if self.depends_on:
+            object.__setattr__(self, "depends_on", dependencies.checked(self.depends_on))
         # Validate (and measure) the payload once; the text is what gets stored.
         object.__setattr__(self, "_payload_text", validation.payload(self.payload))
 
@@ -455,6 +461,7 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
         max_attempts: int = DEFAULT_MAX_ATTEMPTS,
         timeout_seconds: float | None = None,
         unique_key: str | None = None,
+        depends_on: Sequence[int] = (),
         conn: psycopg.Connection | None = None,
     ) -> EnqueueResult:
         """Add one job; with an ``idempotency_key`` already in the table, return that job
@@ -464,6 +471,10 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
         With a ``unique_key`` that a queued or running job holds, return that job
         (``created=False``), whatever its task, queue and payload; once it has finished,
         the key is free again. See :mod:`pgqueue.keyed` for both keys on one job.
+
+        With ``depends_on`` (job ids), the job waits until those jobs have succeeded, and
+        is cancelled if one ends dead or cancelled (see :mod:`pgqueue.dependencies`);
+        ids that are no job raise :class:`~pgqueue.errors.UnknownDependencies`.
 
         Pass ``conn`` to enqueue inside your own transaction: the job then commits or
         rolls back with your writes, and workers are woken when you commit.
@@ -479,6 +490,7 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
             max_attempts=max_attempts,
             timeout_seconds=timeout_seconds,
             unique_key=unique_key,
+            depends_on=depends_on,
         )
         return self.enqueue_spec(spec, conn=conn)
 
@@ -487,7 +499,7 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
     ) -> EnqueueResult:
         """:meth:`enqueue` of the job ``spec`` describes (for a caller that has already
         built one, such as the HTTP API)."""
-        if spec.idempotency_key is not None or spec.unique_key is not None:
+        if spec.idempotency_key is not None or spec.unique_key is not None or spec.depends_on:
             return self.enqueue_many([spec], conn=conn)[0]
         params = spec.params()
         validation.within_limit("payload", params["payload"], self.max_payload_bytes)
@@ -540,6 +552,9 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
         Items whose unique key a queued or running job holds (or an earlier item of the
         call) return that job with ``created=False``, not compared (see
         :mod:`pgqueue.keyed`).
+
+        An item's ``depends_on`` may name earlier items of the call by position,
+        ``BatchItem(0)`` (see :mod:`pgqueue.dependencies`).
         """
         specs = list(specs)
         if not specs:
@@ -561,6 +576,8 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
             except validation.TooLarge as exc:
                 exc.index = index
                 raise
+        if any(dependencies.has_dependencies(spec) for spec in specs):
+            return self._enqueue_dependent(specs, conn, trace_context)
         if any(keyed.is_keyed(spec) for spec in specs):
             return self._enqueue_keyed(specs, conn, trace_context)
         if len(specs) >= bulk.COPY_MIN_JOBS:
@@ -610,6 +627,24 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
                     # Otherwise the transaction is rolled back.
                     raise IdempotencyConflict(conflicts, items=len(specs))
                 return results
+
+    def _enqueue_dependent(
+        self, specs: list[JobSpec], conn: psycopg.Connection | None, trace_context: str | None
+    ) -> list[EnqueueResult]:
+        """enqueue_many of specs of which some carry ``depends_on``."""
+        dependencies.check_batch_items(specs)
+        # In the caller's transaction, a savepoint: a refused batch (an idempotency
+        # conflict, an unknown dependency) then takes back the dependency marks and
+        # links it wrote as well as its jobs. Batches with dependencies are rare enough
+        # for its cost.
+        with self._connection(conn) as c, c.transaction():
+            cur = jsonb.cursor(c)
+            results, conflicts = dependencies.insert_with_dependencies(
+                cur, self.schema, specs, trace_context
+            )
+            if conflicts:
+                raise IdempotencyConflict(conflicts, items=len(specs))
+        return results
 
     # -- working ----------------------------------------------------------------
 
@@ -780,12 +815,16 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
             cur = conn.cursor()
             cur.execute(self._sql("job_ack_many"), _ack_params(chunk))
             sent.append((offset, cur))
+            # Queues the waiting jobs whose last dependency this chunk acked (nothing,
+            # for jobs without dependents): in the ack's transaction, in a statement of
+            # its own (see pgqueue.dependencies).
+            conn.cursor().execute(self._sql("job_dependents_release"))
 
         def read() -> _AckWritten:
             finished_at = None
             refused: list[int] = []
             for offset, cur in sent:
-                written = _AckWritten(*cur.fetchone())  # type: ignore[misc]
+                written = _AckWritten(*cur.fetchone()[:2])  # type: ignore[index]
                 finished_at = finished_at or written.finished_at
                 refused.extend(offset + position for position in written.refused)
             return _AckWritten(finished_at, refused)  # type: ignore[arg-type]
@@ -857,20 +896,37 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
         """Record a failed attempt of ``job``: back to queued after a backoff, or dead
         when ``max_attempts`` is used up. Raises LeaseLost if the lease was lost."""
         message = _error_text(error)
-        rows = self._rows(
-            "job_fail",
-            {
-                "id": job.id,
-                "token": job.lease_token,
-                "error": message,
-                "retry_delay": backoff_seconds(job.attempts, self.retry_base, self.retry_cap),
-            },
-        )
-        if not rows:
-            raise LeaseLost(job.id)
+        with self._connection() as conn:
+            cur = jsonb.cursor(conn)
+            cur.execute(
+                self._sql("job_fail"),
+                {
+                    "id": job.id,
+                    "token": job.lease_token,
+                    "error": message,
+                    "retry_delay": backoff_seconds(job.attempts, self.retry_base, self.retry_cap),
+                },
+            )
+            rows = cur.fetchall()
+            if not rows:
+                raise LeaseLost(job.id)
+            cancelled = self._cancel_dependents(cur, rows)
         failed = Job.from_row(rows[0])
         self._notify_failed(failed, message)
+        self._notify_each("on_cancel", ({"job": dependent} for dependent in cancelled))
         return failed
+
+    def _cancel_dependents(
+        self, cur: psycopg.Cursor, rows: Iterable[Mapping[str, Any]]
+    ) -> list[Job]:
+        """In ``cur``'s transaction, cancel the waiting dependents of the jobs in
+        ``rows`` that ended dead or cancelled and have dependents."""
+        ended = [
+            (row["id"], str(row["state"]))
+            for row in rows
+            if row["has_dependents"] and row["state"] in ("dead", "cancelled")
+        ]
+        return dependencies.cancel_dependents(cur, self.schema, ended) if ended else []
 
     def _notify_failed(self, job: Job, message: str) -> None:
         dead = job.state is JobState.DEAD
@@ -892,13 +948,16 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
                 self._sql("job_reap"),
                 {"limit": limit, "base": self.retry_base, "cap": self.retry_cap},
             )
-            reaped = [Job.from_row(row) for row in cur.fetchall()]
+            rows = cur.fetchall()
+            reaped = [Job.from_row(row) for row in rows]
+            cancelled = self._cancel_dependents(cur, rows)
             # And the waiting records and registry rows of workers that stopped
             # without removing them.
             cur.execute(self._sql("waiters_expired_delete"))
             cur.execute(self._sql("workers_expired_delete"))
         for job in reaped:
             self._notify_failed(job, job.last_error or "lease expired")
+        self._notify_each("on_cancel", ({"job": dependent} for dependent in cancelled))
         return reaped
 
     # -- operating --------------------------------------------------------------
@@ -910,16 +969,29 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
             raise JobNotFound(job_id)
         return Job.from_row(rows[0])
 
+    def dependencies(self, job_id: int) -> JobDependencies:
+        """The jobs ``job_id`` depends on and the jobs that depend on it (ids that may
+        since have been pruned). Empty for a job with neither; does not check that the
+        job exists."""
+        with self._connection() as conn:
+            return dependencies.dependencies_of(jsonb.cursor(conn), self.schema, job_id)
+
     def cancel(self, job_id: int) -> Job:
-        """Cancel a queued or running job; a running job's lease is revoked, so its
-        worker's outcome is discarded and it is not retried.
+        """Cancel a waiting, queued or running job; a running job's lease is revoked, so
+        its worker's outcome is discarded and it is not retried. The jobs waiting for it
+        are cancelled too, and theirs in turn (see :mod:`pgqueue.dependencies`).
 
         Raises JobNotFound, or InvalidTransition if the job has already finished."""
-        rows = self._rows("job_cancel", {"id": job_id})
+        with self._connection() as conn:
+            cur = jsonb.cursor(conn)
+            cur.execute(self._sql("job_cancel"), {"id": job_id})
+            rows = cur.fetchall()
+            cancelled = self._cancel_dependents(cur, rows)
         if not rows:
             raise InvalidTransition(job_id, self.get(job_id).state.value, "cancel")
         job = Job.from_row(rows[0])
         self._notify("on_cancel", job=job)
+        self._notify_each("on_cancel", ({"job": dependent} for dependent in cancelled))
         return job
 
     def retry(self, job_id: int) -> Job:

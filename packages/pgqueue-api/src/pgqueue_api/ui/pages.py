@@ -35,7 +35,7 @@ def queues_context(request: Request) -> dict[str, Any]:
 
 @router.get("/ui")
 async def queues_page(request: Request) -> Response:
-    """Every queue: counts by state, finished per minute, the oldest waiting job."""
+    """Every queue: counts by state, finished per minute, the oldest runnable job."""
     context = await run_in_threadpool(queues_context, request)
     return render(request, "queues.html", **context)
 
@@ -68,7 +68,7 @@ def _find(queue: Queue, text: str) -> int | None:
 
 
 State = Annotated[
-    Literal["", "queued", "running", "succeeded", "dead", "cancelled"] | None, Query()
+    Literal["", "waiting", "queued", "running", "succeeded", "dead", "cancelled"] | None, Query()
 ]
 Name = Annotated[str | None, Query(max_length=200)]
 After = Annotated[int | None, Query(ge=1, le=JOB_ID_MAX)]
@@ -169,6 +169,7 @@ def _job_context(queue: Queue, job_id: int) -> dict[str, Any]:
     job = queue.get(job_id)
     return {
         "job": job,
+        "dependencies": queue.dependencies(job_id),
         "events": views.timeline(job),
         "payload": views.pretty_json(job.payload),
         "result": None if job.result is None else views.pretty_json(job.result),
@@ -183,7 +184,8 @@ async def job_page(
     done: Annotated[Literal["cancel", "retry"] | None, Query()] = None,
     refused: Annotated[Literal["cancel", "retry"] | None, Query()] = None,
 ) -> Response:
-    """One job: its fields, payload, result, timeline and error history."""
+    """One job: its fields, the jobs it depends on and those that depend on it, payload,
+    result, timeline and error history."""
     try:
         context = await run_in_threadpool(_job_context, queue_of(request), job_id)
     except JobNotFound:

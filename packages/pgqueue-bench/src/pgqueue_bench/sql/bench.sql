@@ -1,5 +1,5 @@
--- Statements of the benchmark drivers. The jobs table is never touched here: the
--- drivers go through pgqueue.Queue for it.
+-- Statements of the benchmark drivers. pgqueue's tables are never written here: the
+-- drivers go through pgqueue.Queue for that, and read them only to check a run.
 --
 -- Placeholders: {schema} is the quoted schema of the run, {name} and {value} a
 -- server setting. Parameters use psycopg's %(name)s style.
@@ -30,6 +30,22 @@ FROM (
     FROM {schema}.bench_deliveries
     GROUP BY job_id
 ) AS per_job;
+
+-- name: dependency_order
+-- A crash run with dependencies: dependents delivered before one of their dependencies
+-- had succeeded (a delivery's clock is its own transaction's, which starts after the
+-- claim, which follows the commit of the ack that released the job), waiting jobs
+-- counted down below zero (released twice), and how many jobs had dependencies.
+SELECT
+    (SELECT count(DISTINCT dependency.job_id)
+     FROM {schema}.job_dependencies AS dependency
+     JOIN {schema}.jobs AS waited ON waited.id = dependency.depends_on
+     JOIN {schema}.bench_deliveries AS delivery ON delivery.job_id = dependency.job_id
+     WHERE waited.state <> 'succeeded' OR delivery.delivered_at < waited.finished_at
+    )::bigint AS dependents_delivered_early,
+    (SELECT count(*) FROM {schema}.jobs WHERE pending_dependencies < 0)::bigint
+        AS dependency_counts_below_zero,
+    (SELECT count(DISTINCT job_id) FROM {schema}.job_dependencies)::bigint AS dependent_jobs;
 
 -- name: schema_drop
 DROP SCHEMA IF EXISTS {schema} CASCADE;

@@ -107,10 +107,10 @@ WITH item AS (
         %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[], %(priority)s::smallint[],
         %(run_at)s::timestamptz[], %(delay_seconds)s::float8[], %(max_attempts)s::int[],
         %(timeout_seconds)s::float8[], %(idempotency_key)s::text[],
-        %(trace_context)s::jsonb[], %(unique_key)s::text[]
+        %(trace_context)s::jsonb[], %(unique_key)s::text[], %(pending_dependencies)s::int[]
     ) WITH ORDINALITY AS item (queue, task, payload, priority, run_at, delay_seconds,
                                max_attempts, timeout_seconds, idempotency_key,
-                               trace_context, unique_key, position)
+                               trace_context, unique_key, pending_dependencies, position)
 ),
 taken AS (
     INSERT INTO {schema}.idempotency_keys (key, job_id)
@@ -122,11 +122,14 @@ taken AS (
 ),
 inserted AS (
     INSERT INTO {schema}.active_jobs
-        (id, queue, task, payload, priority, run_at, max_attempts, timeout_seconds,
-         idempotency_key, trace_context, unique_key)
+        (id, queue, task, payload, priority, state, run_at, max_attempts, timeout_seconds,
+         idempotency_key, trace_context, unique_key, pending_dependencies)
     SELECT id, queue, task, payload, priority,
+           -- A job with dependencies still to succeed waits (see pgqueue.dependencies).
+           CASE WHEN pending_dependencies > 0 THEN 'waiting' ELSE 'queued' END::{schema}.job_state,
            COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
-           max_attempts, timeout_seconds, idempotency_key, trace_context, unique_key
+           max_attempts, timeout_seconds, idempotency_key, trace_context, unique_key,
+           pending_dependencies
     FROM item
     WHERE idempotency_key IS NULL OR id IN (SELECT job_id FROM taken)
     ORDER BY position
@@ -136,9 +139,10 @@ inserted AS (
 woken AS (
     -- Wakes the workers waiting on these queues (see queue_waiters in schema.sql): one
     -- notification per queue with a live waiter, naming the queue, never a payload,
-    -- sent when the transaction commits. Read once, by the subquery below.
+    -- sent when the transaction commits. Read once, by the subquery below. A waiting
+    -- job wakes nobody: the ack that queues it does.
     SELECT pg_notify({channel_name}, wanted.queue)
-    FROM (SELECT DISTINCT queue FROM inserted) AS wanted
+    FROM (SELECT DISTINCT queue FROM inserted WHERE state = 'queued') AS wanted
     WHERE EXISTS (
         SELECT FROM {schema}.queue_waiters AS waiter
         WHERE waiter.queue = wanted.queue AND waiter.expires_at > now()
@@ -425,10 +429,10 @@ moved AS (
     INSERT INTO {schema}.finished_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, result,
-         idempotency_key, errors, trace_context, unique_key)
+         idempotency_key, errors, trace_context, unique_key, has_dependents)
     SELECT id, queue, task, payload, priority, 'succeeded', run_at, attempts, max_attempts,
            timeout_seconds, worker_id, enqueued_at, started_at, now(), outcome,
-           idempotency_key, errors, trace_context, unique_key
+           idempotency_key, errors, trace_context, unique_key, has_dependents
     FROM acked
 ),
 timed AS (
@@ -467,7 +471,15 @@ SELECT now() AS finished_at,
            SELECT position FROM done
            WHERE position NOT IN (SELECT position FROM acked)
            ORDER BY position
-       ) AS refused;
+       ) AS refused,
+       -- The acked jobs that have dependents, for job_dependents_release, sent next in
+       -- the same transaction. has_dependents is read from the row this statement
+       -- deleted, which is the latest version: an enqueue naming one of these jobs as a
+       -- dependency either committed before (this statement waited for its row lock)
+       -- or will find the job succeeded.
+       set_config('pgqueue.acked_with_dependents',
+                  ARRAY(SELECT id FROM acked WHERE has_dependents)::text, true)
+           AS with_dependents;
 
 -- name: job_fail
 -- running -> queued after a backoff, or -> dead (moved to finished_jobs) once the
@@ -495,12 +507,12 @@ moved AS (
     INSERT INTO {schema}.finished_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
-         result, idempotency_key, errors, trace_context, unique_key)
+         result, idempotency_key, errors, trace_context, unique_key, has_dependents)
     SELECT id, queue, task, payload, priority, 'dead', run_at, attempts, max_attempts,
            timeout_seconds, worker_id, enqueued_at, started_at, now(), %(error)s,
            result, idempotency_key,
            {schema}.errors_appended(errors, attempts, worker_id, %(error)s), trace_context,
-           unique_key
+           unique_key, has_dependents
     FROM buried
     RETURNING *
 ),
@@ -555,12 +567,12 @@ moved AS (
     INSERT INTO {schema}.finished_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
-         result, idempotency_key, errors, trace_context, unique_key)
+         result, idempotency_key, errors, trace_context, unique_key, has_dependents)
     SELECT id, queue, task, payload, priority, 'dead', run_at, attempts, max_attempts,
            timeout_seconds, worker_id, enqueued_at, started_at, now(), expiry,
            result, idempotency_key,
            {schema}.errors_appended(errors, attempts, worker_id, expiry), trace_context,
-           unique_key
+           unique_key, has_dependents
     FROM buried
     RETURNING *
 ),
@@ -576,21 +588,23 @@ counted AS (
 SELECT * FROM retried UNION ALL SELECT * FROM moved;
 
 -- name: job_cancel
--- queued | running -> cancelled, moved to finished_jobs. Taking the row out of
--- active_jobs fences out a running worker: its outcome finds no lease to finish.
+-- waiting | queued | running -> cancelled, moved to finished_jobs. Taking the row out
+-- of active_jobs fences out a running worker: its outcome finds no lease to finish.
 WITH cancelled AS (
     DELETE FROM {schema}.active_jobs
-    WHERE id = %(id)s AND state IN ('queued', 'running')
+    WHERE id = %(id)s AND state IN ('waiting', 'queued', 'running')
     RETURNING *
 ),
 moved AS (
     INSERT INTO {schema}.finished_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
-         result, idempotency_key, errors, trace_context, unique_key)
+         result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
+         has_dependents)
     SELECT id, queue, task, payload, priority, 'cancelled', run_at, attempts, max_attempts,
            timeout_seconds, worker_id, enqueued_at, started_at, now(), last_error,
-           result, idempotency_key, errors, trace_context, unique_key
+           result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
+           has_dependents
     FROM cancelled
     RETURNING *
 ),
@@ -603,7 +617,8 @@ SELECT * FROM moved;
 
 -- name: job_retry
 -- dead | cancelled -> queued, moved back to active_jobs, runnable now, with its
--- attempts reset. Its errors history and last_error stay. A unique key that another
+-- attempts reset. A job cancelled because a dependency failed runs without waiting for
+-- it; the dependents cancelled when this job failed stay cancelled. Its errors history and last_error stay. A unique key that another
 -- queued or running job holds now fails the statement (unique_violation on
 -- active_jobs_unique_key_idx), and nothing changes: Queue.retry names the holder.
 WITH revived AS (
@@ -615,10 +630,10 @@ requeued AS (
     INSERT INTO {schema}.active_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, enqueued_at, started_at, last_error, idempotency_key, errors,
-         trace_context, unique_key)
+         trace_context, unique_key, has_dependents)
     SELECT id, queue, task, payload, priority, 'queued', now(), 0, max_attempts,
            timeout_seconds, enqueued_at, started_at, last_error, idempotency_key, errors,
-           trace_context, unique_key
+           trace_context, unique_key, has_dependents
     FROM revived
     RETURNING *
 ),
@@ -678,6 +693,7 @@ ORDER BY queue, minute, state;
 -- history; finished ones come from the counters the finishing statements keep.
 WITH active AS (
     SELECT queue,
+           count(*) FILTER (WHERE state = 'waiting') AS waiting,
            count(*) FILTER (WHERE state = 'queued') AS queued,
            count(*) FILTER (WHERE state = 'running') AS running,
            extract(epoch FROM now() - min(run_at) FILTER (
@@ -697,6 +713,7 @@ SELECT queue,
        coalesce(setting.paused, false) AS paused,
        setting.concurrency_limit,
        setting.rate_limit,
+       coalesce(active.waiting, 0)::bigint AS waiting,
        coalesce(active.queued, 0)::bigint AS queued,
        coalesce(active.running, 0)::bigint AS running,
        coalesce(finished.succeeded, 0)::bigint AS succeeded,
@@ -709,7 +726,7 @@ FROM active FULL JOIN finished USING (queue)
 FULL JOIN {schema}.queue_settings AS setting USING (queue)
 -- A queue whose jobs were all pruned still has counters that must not vanish, and a
 -- queue an operator configured is shown before its first job.
-WHERE coalesce(active.queued, 0) + coalesce(active.running, 0)
+WHERE coalesce(active.waiting, 0) + coalesce(active.queued, 0) + coalesce(active.running, 0)
       + coalesce(finished.succeeded, 0) + coalesce(finished.dead, 0)
       + coalesce(finished.cancelled, 0) + coalesce(finished.completed, 0)
       + coalesce(finished.failures, 0) > 0
@@ -882,6 +899,11 @@ freed AS (
     USING gone
     WHERE taken.key = gone.idempotency_key AND taken.job_id = gone.id
 ),
+unlinked AS (
+    DELETE FROM {schema}.job_dependencies AS dependency
+    USING gone
+    WHERE dependency.job_id = gone.id
+),
 counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, succeeded, dead, cancelled)
     SELECT queue, mod(pg_backend_pid(), 16),
@@ -1022,6 +1044,11 @@ freed AS (
     USING day
     WHERE taken.key = day.idempotency_key AND taken.job_id = day.id
 ),
+unlinked AS (
+    DELETE FROM {schema}.job_dependencies AS dependency
+    USING day
+    WHERE dependency.job_id = day.id
+),
 counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, succeeded, dead, cancelled)
     SELECT queue, mod(pg_backend_pid(), 16),
@@ -1146,3 +1173,131 @@ SELECT name, extract(epoch FROM last_run_at)::float8 AS last_run
 FROM {schema}.schedules
 WHERE last_run_at IS NOT NULL
 ORDER BY name;
+
+-- Jobs that wait for other jobs (see pgqueue.dependencies) ------------------------
+
+-- name: job_dependencies_lock
+-- Before a job that depends on %(ids)s is inserted, in the same transaction: each
+-- dependency's state, NULL for an id found nowhere. A dependency that is not finished
+-- is marked as having dependents, with a row update: an ack, failure or cancel of it
+-- that comes later sees the mark; one that is under way holds the row, and this waits
+-- for it to commit, after which the row is gone from active_jobs. Such a dependency is
+-- then in finished_jobs, but this statement's snapshot predates it: it comes back NULL,
+-- and the caller asks again (a new statement sees it). Rows are taken in id order, so
+-- two of these never wait for each other in a cycle.
+WITH marked AS (
+    UPDATE {schema}.active_jobs AS job
+    SET has_dependents = true
+    WHERE job.id = ANY(ARRAY(
+        SELECT id FROM {schema}.active_jobs
+        WHERE id = ANY(%(ids)s::bigint[])
+        ORDER BY id
+        FOR NO KEY UPDATE
+    ))
+    RETURNING job.id, job.state
+)
+SELECT wanted.id, coalesce(marked.state, finished.state)::text AS state
+FROM unnest(%(ids)s::bigint[]) AS wanted (id)
+LEFT JOIN marked ON marked.id = wanted.id
+LEFT JOIN LATERAL (
+    SELECT job.state FROM {schema}.finished_jobs AS job
+    WHERE job.id = wanted.id AND marked.id IS NULL
+    LIMIT 1
+) AS finished ON true;
+
+-- name: job_dependencies_insert
+-- The dependencies of jobs just inserted: one row per (job, dependency) pair.
+INSERT INTO {schema}.job_dependencies (depends_on, job_id)
+SELECT depends_on, job_id
+FROM unnest(%(depends_on)s::bigint[], %(job_ids)s::bigint[]) AS pair (depends_on, job_id)
+ON CONFLICT DO NOTHING;
+
+-- name: job_dependents_release
+-- After job_ack_many, in its transaction: each waiting job that depends on the jobs it
+-- acked counts them off its pending dependencies, and the ones left with none become
+-- queued, waking their queues' workers. A new statement, so a new snapshot: it sees the
+-- dependents of an enqueue that the ack waited for. Two acks of a job's last two
+-- dependencies take turns on its row, and the second one counts from what the first
+-- left, so the job is queued exactly once. Does nothing when the ack named no job with
+-- dependents (the common case: one empty setting read).
+WITH acked AS (
+    SELECT unnest(coalesce(
+        nullif(current_setting('pgqueue.acked_with_dependents', true), '')::bigint[],
+        ARRAY[]::bigint[])) AS id
+),
+met AS (
+    SELECT dependency.job_id, count(*)::int AS jobs
+    FROM {schema}.job_dependencies AS dependency
+    JOIN acked ON acked.id = dependency.depends_on
+    GROUP BY dependency.job_id
+),
+released AS (
+    UPDATE {schema}.active_jobs AS job
+    SET pending_dependencies = job.pending_dependencies - met.jobs,
+        state = CASE WHEN job.pending_dependencies - met.jobs <= 0 THEN 'queued'
+                     ELSE 'waiting' END::{schema}.job_state
+    FROM met
+    WHERE job.id = met.job_id AND job.state = 'waiting'
+    RETURNING job.id, job.queue, job.state
+),
+woken AS (
+    SELECT pg_notify({channel_name}, wanted.queue)
+    FROM (SELECT DISTINCT queue FROM released WHERE state = 'queued') AS wanted
+    WHERE EXISTS (
+        SELECT FROM {schema}.queue_waiters AS waiter
+        WHERE waiter.queue = wanted.queue AND waiter.expires_at > now()
+    )
+)
+SELECT count(*) FILTER (WHERE state = 'queued') AS queued FROM released
+WHERE (SELECT count(*) FROM woken) >= 0;
+
+-- name: job_dependents_cancel
+-- waiting -> cancelled for the jobs that depend on %(ids)s, which ended dead or
+-- cancelled (%(states)s): each one's last_error names the dependency. One level: the
+-- caller runs it again for the cancelled jobs that have dependents of their own, each
+-- time in a new statement, so that it sees dependents enqueued by a transaction that a
+-- cancel here had to wait for.
+WITH failed AS (
+    SELECT id, state FROM unnest(%(ids)s::bigint[], %(states)s::text[]) AS failed (id, state)
+),
+doomed AS (
+    SELECT DISTINCT ON (dependency.job_id)
+           dependency.job_id,
+           'dependency ' || failed.id || ' ended ' || failed.state AS reason
+    FROM {schema}.job_dependencies AS dependency
+    JOIN failed ON failed.id = dependency.depends_on
+    ORDER BY dependency.job_id, failed.id
+),
+cancelled AS (
+    DELETE FROM {schema}.active_jobs AS job
+    USING doomed
+    WHERE job.id = doomed.job_id AND job.state = 'waiting'
+    RETURNING job.*, doomed.reason
+),
+moved AS (
+    INSERT INTO {schema}.finished_jobs
+        (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
+         timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
+         result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
+         has_dependents)
+    SELECT id, queue, task, payload, priority, 'cancelled', run_at, attempts, max_attempts,
+           timeout_seconds, worker_id, enqueued_at, started_at, now(), reason,
+           result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
+           has_dependents
+    FROM cancelled
+    RETURNING *
+),
+counted AS (
+    INSERT INTO {schema}.queue_counters AS counter (queue, slot, cancelled)
+    SELECT queue, mod(pg_backend_pid(), 16), count(*) FROM cancelled
+    GROUP BY queue ORDER BY queue
+    ON CONFLICT (queue, slot) DO UPDATE SET cancelled = counter.cancelled + excluded.cancelled
+)
+SELECT * FROM moved;
+
+-- name: job_dependencies_get
+-- The jobs a job depends on, and the jobs that depend on it, ids ascending.
+SELECT ARRAY(SELECT depends_on FROM {schema}.job_dependencies
+             WHERE job_id = %(id)s ORDER BY depends_on) AS depends_on,
+       ARRAY(SELECT job_id FROM {schema}.job_dependencies
+             WHERE depends_on = %(id)s ORDER BY job_id) AS dependents;

@@ -18,11 +18,14 @@
 -- - jobs is a view of both, for reading any job by id or listing them.
 
 CREATE TYPE {schema}.job_state AS ENUM (
-    'queued',     -- waiting for run_at; moved in by enqueue, a failed attempt, the reaper, or retry
+    'waiting',    -- for its dependencies to succeed; the ack of the last one queues it
+    'queued',     -- runnable from run_at; moved in by enqueue, a failed attempt, the
+                  -- reaper, retry, or the ack of a waiting job's last dependency
     'running',    -- claimed under a lease; moved out by ack, fail, cancel or the reaper
     'succeeded',  -- acked; final
     'dead',       -- failed max_attempts times; retry moves it back to queued
-    'cancelled'   -- cancelled while queued or running; retry moves it back to queued
+    'cancelled'   -- cancelled while waiting, queued or running, or its dependency failed;
+                  -- retry moves it back to queued
 );
 
 -- Job ids, shared by both tables: a job keeps its id when it moves between them.
@@ -35,7 +38,8 @@ CREATE TABLE {schema}.active_jobs (
     payload          jsonb NOT NULL,
     priority         smallint NOT NULL DEFAULT 0,
     state            {schema}.job_state NOT NULL DEFAULT 'queued'
-                     CHECK (state IN ('queued', 'running')),
+                     CONSTRAINT active_jobs_state_check
+                     CHECK (state IN ('waiting', 'queued', 'running')),
     run_at           timestamptz NOT NULL DEFAULT now(),
     attempts         integer NOT NULL DEFAULT 0,
     max_attempts     integer NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
@@ -59,7 +63,16 @@ CREATE TABLE {schema}.active_jobs (
     trace_context    jsonb,
     -- At most one queued or running job per unique key (active_jobs_unique_key_idx):
     -- a job that leaves this table frees its key. NULL for most jobs.
-    unique_key       text
+    unique_key       text,
+    -- Jobs that wait for other jobs (see job_dependencies): how many of a waiting job's
+    -- dependencies have not succeeded yet; the ack of the last one queues it. NULL for
+    -- a job enqueued without dependencies.
+    pending_dependencies integer,
+    -- True once a job has been named as a dependency: its ack, death or cancellation
+    -- then also releases or cancels its dependents. Written by the enqueue that names
+    -- it, as a row update, so that an ack racing that enqueue waits for it and sees
+    -- the flag (see job_dependencies_lock).
+    has_dependents   boolean NOT NULL DEFAULT false
 ) WITH (
     -- Every job is updated while it runs (claim, heartbeats). Heartbeats touch only
     -- lease_expires_at, which no index references, so they can be HOT updates that stay
@@ -117,7 +130,9 @@ CREATE TABLE {schema}.finished_jobs (
     idempotency_key  text,
     errors           jsonb,
     trace_context    jsonb,
-    unique_key       text            -- kept for history; held by no one once finished
+    unique_key       text,           -- kept for history; held by no one once finished
+    pending_dependencies integer,
+    has_dependents   boolean NOT NULL DEFAULT false
 ) PARTITION BY LIST (state);
 
 -- Each state's days. A DEFAULT partition takes any row no day covers (a day not
@@ -152,6 +167,19 @@ CREATE VIEW {schema}.jobs AS
     SELECT * FROM {schema}.active_jobs
     UNION ALL
     SELECT * FROM {schema}.finished_jobs;
+
+-- Which jobs wait for which (see pgqueue.dependencies): one row per dependency of a job
+-- enqueued with depends_on, kept while the job is, for a job's page to show both
+-- directions. A waiting job's count of unmet dependencies is on its row
+-- (pending_dependencies); these rows say whose ack, death or cancellation changes it.
+CREATE TABLE {schema}.job_dependencies (
+    depends_on bigint NOT NULL,  -- the job waited for
+    job_id     bigint NOT NULL,  -- the job that waits
+    PRIMARY KEY (depends_on, job_id)
+);
+
+-- A job's own dependencies, and their removal when it is pruned.
+CREATE INDEX job_dependencies_job_id_idx ON {schema}.job_dependencies (job_id);
 
 -- Idempotency keys, held from enqueue until the job is pruned, wherever the job is:
 -- a key cannot be unique across partitions and two tables any other way. Enqueue

@@ -1,0 +1,285 @@
+"""Jobs that wait for other jobs: waiting until every dependency succeeded, queued by
+the transaction that acks the last one (exactly once, also under concurrent acks and
+enqueues), cancelled transitively when a dependency ends dead or cancelled."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from pgqueue import (
+    BatchItem,
+    IdempotencyConflict,
+    Job,
+    JobSpec,
+    JobState,
+    Queue,
+    UnknownDependencies,
+    ValidationError,
+)
+
+
+def _claim_all(queue: Queue, task: str = "t", queue_name: str = "default") -> dict[int, Job]:
+    return {job.id: job for job in queue.claim([queue_name], [task], limit=1000)}
+
+
+def _pending(db: psycopg.Connection, schema: str, job_id: int) -> Any:
+    query = sql.SQL("SELECT pending_dependencies FROM {}.jobs WHERE id = %s")
+    return db.execute(query.format(sql.Identifier(schema)), (job_id,)).fetchone()[0]
+
+
+def _count_jobs(db: psycopg.Connection, schema: str) -> int:
+    query = sql.SQL("SELECT count(*) FROM {}.jobs").format(sql.Identifier(schema))
+    return db.execute(query).fetchone()[0]
+
+
+def _in_parallel(*calls: Callable[[], Any]) -> list[Any]:
+    """Run ``calls`` in threads released together; their results, in order."""
+    barrier = threading.Barrier(len(calls))
+    results: list[Any] = [None] * len(calls)
+    errors: list[BaseException] = []
+
+    def run(index: int, call: Callable[[], Any]) -> None:
+        barrier.wait()
+        try:
+            results[index] = call()
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, c)) for i, c in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors, errors
+    return results
+
+
+def test_a_job_waits_until_every_dependency_succeeded(queue: Queue, db, schema) -> None:
+    first, second = queue.enqueue("t").job, queue.enqueue("t").job
+    waiting = queue.enqueue("t", {"n": 3}, depends_on=[first.id, second.id, first.id])
+    assert waiting.created and waiting.job.state is JobState.WAITING
+    assert _pending(db, schema, waiting.job.id) == 2
+    # A waiting job is never claimed.
+    claimed = _claim_all(queue)
+    assert set(claimed) == {first.id, second.id}
+    queue.ack(claimed[first.id])
+    assert queue.get(waiting.job.id).state is JobState.WAITING
+    queue.ack(claimed[second.id])
+    released = queue.get(waiting.job.id)
+    assert released.state is JobState.QUEUED and _pending(db, schema, released.id) == 0
+    assert set(_claim_all(queue)) == {waiting.job.id}
+    assert queue.dependencies(waiting.job.id).depends_on == [first.id, second.id]
+    assert queue.dependencies(first.id).dependents == [waiting.job.id]
+
+
+def test_a_dependency_that_already_succeeded_counts_as_met(queue: Queue) -> None:
+    done = queue.enqueue("t").job
+    queue.ack(_claim_all(queue)[done.id])
+    dependent = queue.enqueue("t", depends_on=[done.id]).job
+    assert dependent.state is JobState.QUEUED
+    assert queue.dependencies(dependent.id).depends_on == [done.id]
+
+
+def test_fan_out_then_fan_in_of_a_hundred_jobs_into_one(queue: Queue) -> None:
+    root = queue.enqueue("root").job
+    fanned = queue.enqueue_many(JobSpec("leaf", depends_on=[root.id]) for _ in range(100))
+    batch = [JobSpec("leaf-2") for _ in range(100)] + [
+        JobSpec("join", depends_on=[*(r.job.id for r in fanned), *map(BatchItem, range(100))])
+    ]
+    joined = queue.enqueue_many(batch)[-1].job
+    assert joined.state is JobState.WAITING
+    assert {r.job.state for r in fanned} == {JobState.WAITING}
+
+    queue.ack(_claim_all(queue, "root")[root.id])
+    leaves = _claim_all(queue, "leaf")
+    assert len(leaves) == 100
+    for job in list(leaves.values())[:99]:
+        queue.ack(job)
+    for job in _claim_all(queue, "leaf-2").values():
+        queue.ack(job)
+    assert queue.get(joined.id).state is JobState.WAITING
+    queue.ack(list(leaves.values())[99])
+    assert queue.get(joined.id).state is JobState.QUEUED
+    assert len(queue.dependencies(joined.id).depends_on) == 200
+
+
+def test_a_chain_of_fifty_runs_in_order(queue: Queue) -> None:
+    chain = [queue.enqueue("t", {"n": 0}).job]
+    for n in range(1, 50):
+        chain.append(queue.enqueue("t", {"n": n}, depends_on=[chain[-1].id]).job)
+    order = []
+    while True:
+        claimed = list(_claim_all(queue).values())
+        if not claimed:
+            break
+        # Only the head of the chain is ever runnable.
+        assert len(claimed) == 1
+        order.append(claimed[0].payload["n"])
+        queue.ack(claimed[0])
+    assert order == list(range(50))
+
+
+def test_a_dead_dependency_cancels_its_whole_subtree(queue: Queue) -> None:
+    root = queue.enqueue("t", max_attempts=1).job
+    other = queue.enqueue("other").job
+    child = queue.enqueue("t", depends_on=[root.id]).job
+    grandchild = queue.enqueue("t", depends_on=[child.id, other.id]).job
+    unrelated = queue.enqueue("t", depends_on=[other.id]).job
+    queue.fail(_claim_all(queue)[root.id], "boom")
+
+    assert queue.get(root.id).state is JobState.DEAD
+    child_now, grandchild_now = queue.get(child.id), queue.get(grandchild.id)
+    assert child_now.state is JobState.CANCELLED
+    assert child_now.last_error == f"dependency {root.id} ended dead"
+    assert grandchild_now.state is JobState.CANCELLED
+    assert grandchild_now.last_error == f"dependency {child.id} ended cancelled"
+    assert queue.get(unrelated.id).state is JobState.WAITING
+    counts = {s.queue: s.counts for s in queue.stats()}["default"]
+    assert counts["cancelled"] == 2 and counts["dead"] == 1 and counts["waiting"] == 1
+
+    # Retrying the dead dependency does not bring its dependents back.
+    queue.retry(root.id)
+    queue.ack(_claim_all(queue)[root.id])
+    assert queue.get(child.id).state is JobState.CANCELLED
+    # A new dependent of a dead job is cancelled as it is enqueued.
+    doomed = queue.enqueue("other", max_attempts=1).job
+    queue.fail(_claim_all(queue, "other")[doomed.id], "boom")
+    born = queue.enqueue("t", depends_on=[doomed.id, other.id])
+    assert born.created and born.job.state is JobState.CANCELLED
+    assert born.job.last_error == f"dependency {doomed.id} ended dead"
+
+
+def test_cancelling_a_dependency_cancels_its_dependents_and_a_waiting_job_can_be_cancelled(
+    queue: Queue,
+) -> None:
+    dependency = queue.enqueue("t").job
+    dependent = queue.enqueue("t", depends_on=[dependency.id]).job
+    second = queue.enqueue("t", depends_on=[dependency.id]).job
+    assert queue.cancel(second.id).state is JobState.CANCELLED
+    queue.cancel(dependency.id)
+    cancelled = queue.get(dependent.id)
+    assert cancelled.state is JobState.CANCELLED
+    assert cancelled.last_error == f"dependency {dependency.id} ended cancelled"
+
+
+def test_a_reaped_dependency_that_dies_cancels_its_dependents(queue: Queue) -> None:
+    dependency = queue.enqueue("t", max_attempts=1).job
+    dependent = queue.enqueue("t", depends_on=[dependency.id]).job
+    queue.claim(["default"], ["t"], limit=1, lease_seconds=0.2)
+    time.sleep(0.4)
+    (reaped,) = queue.reap()
+    assert reaped.state is JobState.DEAD
+    assert queue.get(dependent.id).state is JobState.CANCELLED
+
+
+def test_unknown_dependencies_are_refused_and_nothing_is_added(queue: Queue, db, schema) -> None:
+    real = queue.enqueue("t").job
+    before = _count_jobs(db, schema)
+    with pytest.raises(UnknownDependencies) as refused:
+        queue.enqueue_many([JobSpec("t"), JobSpec("t", depends_on=[real.id, 10**12, 10**12 + 1])])
+    assert refused.value.job_ids == [10**12, 10**12 + 1] and refused.value.index == 1
+    assert f"no jobs with id {10**12}, {10**12 + 1}" in str(refused.value)
+    assert _count_jobs(db, schema) == before
+    assert queue.dependencies(real.id).dependents == []
+
+
+@pytest.mark.parametrize(
+    ("depends_on", "message"),
+    [
+        ([0], "is not a job id"),
+        ([True], "is not a job id"),
+        (["1"], "is not a job id"),
+        (7, "must be a list"),
+        ([BatchItem(-1)], "index must be"),
+    ],
+)
+def test_bad_dependencies_are_validation_errors(depends_on: Any, message: str) -> None:
+    with pytest.raises(ValidationError, match=message):
+        JobSpec("t", depends_on=depends_on)
+
+
+def test_a_batch_item_must_name_an_earlier_item(queue: Queue) -> None:
+    with pytest.raises(ValidationError, match="not an earlier item"):
+        queue.enqueue_many([JobSpec("t", depends_on=[BatchItem(1)]), JobSpec("t")])
+    with pytest.raises(ValidationError, match="not an earlier item"):
+        queue.enqueue_many([JobSpec("t", depends_on=[BatchItem(0)])])
+
+
+def test_a_refused_batch_in_the_callers_transaction_leaves_nothing_behind(
+    queue: Queue, database_url: str, db, schema
+) -> None:
+    dependency = queue.enqueue("t").job
+    queue.enqueue("t", {"a": 1}, idempotency_key="k")
+    before = _count_jobs(db, schema)
+    with psycopg.connect(database_url) as conn:
+        conn.execute("CREATE TEMP TABLE mine (x int)")
+        with pytest.raises(IdempotencyConflict):
+            queue.enqueue_many(
+                [
+                    JobSpec("t", depends_on=[dependency.id]),
+                    JobSpec("t", {"a": 2}, idempotency_key="k"),
+                ],
+                conn=conn,
+            )
+        # The caller's transaction is still usable, and commits its own work only.
+        conn.execute("INSERT INTO mine VALUES (1)")
+        conn.commit()
+    assert _count_jobs(db, schema) == before
+    assert queue.dependencies(dependency.id).dependents == []
+
+
+def test_a_unique_key_on_a_waiting_job_is_held(queue: Queue) -> None:
+    dependency = queue.enqueue("t").job
+    first = queue.enqueue("t", unique_key="u", depends_on=[dependency.id])
+    again = queue.enqueue("t", unique_key="u", depends_on=[dependency.id])
+    assert first.created and not again.created and again.job.id == first.job.id
+    assert queue.dependencies(dependency.id).dependents == [first.job.id]
+
+
+def test_concurrent_acks_of_the_last_two_dependencies_release_the_job_exactly_once(
+    queue: Queue, db, schema
+) -> None:
+    for _ in range(20):
+        a, b = queue.enqueue("t").job, queue.enqueue("t").job
+        dependent = queue.enqueue("after", depends_on=[a.id, b.id]).job
+        claimed = _claim_all(queue)
+        _in_parallel(partial(queue.ack, claimed[a.id]), partial(queue.ack, claimed[b.id]))
+        assert queue.get(dependent.id).state is JobState.QUEUED
+        assert _pending(db, schema, dependent.id) == 0
+        (released,) = _claim_all(queue, "after").values()
+        queue.ack(released)
+
+
+def test_an_enqueue_racing_the_ack_of_its_dependency_is_never_stranded(
+    queue: Queue, db, schema
+) -> None:
+    for _ in range(30):
+        dependency = queue.enqueue("t").job
+        (running,) = _claim_all(queue).values()
+        _, enqueued = _in_parallel(
+            partial(queue.ack, running),
+            partial(queue.enqueue, "after", depends_on=[dependency.id]),
+        )
+        # Whichever came first, the dependency succeeded: the job must be runnable.
+        assert queue.get(enqueued.job.id).state is JobState.QUEUED
+        assert _pending(db, schema, enqueued.job.id) == 0
+        (released,) = _claim_all(queue, "after").values()
+        queue.ack(released)
+
+
+def test_pruning_a_dependent_removes_its_links(queue: Queue, db, schema) -> None:
+    dependency = queue.enqueue("t").job
+    dependent = queue.enqueue("t", depends_on=[dependency.id]).job
+    queue.ack(_claim_all(queue)[dependency.id])
+    queue.ack(_claim_all(queue)[dependent.id])
+    queue.prune(older_than=0.0)
+    links = sql.SQL("SELECT count(*) FROM {}.job_dependencies").format(sql.Identifier(schema))
+    assert db.execute(links).fetchone()[0] == 0
