@@ -201,9 +201,51 @@ def test_a_claim_that_did_not_lock_a_limited_queue_takes_nothing_from_it(
         "waiter_seconds": None,
     }
     with db.transaction(force_rollback=True):
-        rows = db.execute(queries.bind("job_claim", schema), params).fetchall()
+        rows = db.execute(queries.bind("job_claim_limited", schema), params).fetchall()
     assert len(rows) == 2  # the free queue's only
     with db.transaction(force_rollback=True):
         db.execute(queries.bind("job_claim_lock", schema), params)
-        rows = db.execute(queries.bind("job_claim", schema), params).fetchall()
+        rows = db.execute(queries.bind("job_claim_limited", schema), params).fetchall()
     assert len(rows) == 4
+
+
+def test_the_plain_claim_leaves_queues_with_settings_and_says_so(
+    queue: Queue, db, schema: str
+) -> None:
+    """The claim of queues without settings takes nothing from one that has some, and
+    job_claim_times tells the caller to use the limited claim for those queues."""
+    _enqueue(queue, 2, "limited")
+    _enqueue(queue, 2, "free")
+    queue.update_queue("limited", concurrency_limit=5)
+    params = {
+        "queues": ["limited", "free"],
+        "tasks": ["t"],
+        "limit": 10,
+        "lease_seconds": 30,
+        "worker_id": "w",
+        "waiter": None,
+        "waiter_seconds": None,
+    }
+    with db.transaction(force_rollback=True):
+        rows = db.execute(queries.bind("job_claim", schema), params).fetchall()
+        times = db.execute(queries.bind("job_claim_times", schema), params).fetchone()
+    assert len(rows) == 2 and times[2] is True
+    with db.transaction(force_rollback=True):
+        db.execute(queries.bind("job_claim", schema), {**params, "queues": ["free"]})
+        times = db.execute(
+            queries.bind("job_claim_times", schema), {**params, "queues": ["free"]}
+        ).fetchone()
+    assert times[2] is False
+
+
+def test_a_pause_holds_from_the_first_claim_after_it_whichever_claim_a_queue_used(
+    queue: Queue,
+) -> None:
+    _enqueue(queue, 4, "steady")
+    assert len(queue.claim(["steady"], ["t"], limit=1)) == 1  # learns: no settings
+    assert len(queue.claim(["steady"], ["t"], limit=1)) == 1  # the plain claim
+    queue.pause_queue("steady")
+    assert queue.claim(["steady"], ["t"], limit=10) == []  # plain: sees the row
+    assert queue.claim(["steady"], ["t"], limit=10) == []  # limited: paused
+    queue.resume_queue("steady")
+    assert len(queue.claim(["steady"], ["t"], limit=10)) == 2

@@ -348,6 +348,9 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
             if statement_timeout is None
             else validation.seconds("statement_timeout", statement_timeout, positive=True)
         )
+        self._queues_with_settings: dict[tuple[str, ...], bool] = {}
+        """Per list of queues claimed together, whether one of them had settings at the
+        last claim (see _send_claim); shared by copies of this Queue."""
         """Seconds each pooled connection's work may take before the connection is cut
         off (see :mod:`pgqueue.deadlines`); None waits as long as it takes."""
 
@@ -834,17 +837,35 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
     def _send_claim(
         self, conn: psycopg.Connection, params: Mapping[str, Any], mode: str
     ) -> Callable[[], list[Job]]:
-        """Send job_claim and job_claim_times in ``conn``'s current transaction (and
+        """Send the claim and job_claim_times in ``conn``'s current transaction (and
         pipeline); the function returned reads the claimed jobs once they have come
-        back, in claim order."""
+        back, in claim order.
+
+        Queues without settings, the common case, are claimed by job_claim. Queues of
+        which one has settings (paused, limited) take job_claim_limited, behind
+        job_claim_lock. Which one a claim sends is what the last claim of the same
+        queues found (job_claim_times says); job_claim gives no job from a queue that
+        has settings, so a stale guess costs one short claim, never a pause or a limit
+        ignored."""
+        key = tuple(params["queues"])
         rows = jsonb.cursor(conn, tuples=True)
         times = conn.cursor()
-        # Limited queues' claims take turns (see job_claim_lock): in a statement of its
-        # own, so that the claim's snapshot, taken after the lock, sees the last claim.
-        conn.cursor().execute(self._sql("job_claim_lock"), params)
-        rows.execute(self._sql("job_claim", mode), params)
+        if self._queues_with_settings.get(key, True):
+            # Limited queues' claims take turns (see job_claim_lock): in a statement of
+            # its own, so that the claim's snapshot, taken after the lock, sees the last
+            # claim.
+            conn.cursor().execute(self._sql("job_claim_lock"), params)
+            rows.execute(self._sql("job_claim_limited", mode), params)
+        else:
+            rows.execute(self._sql("job_claim", mode), params)
         times.execute(self._sql("job_claim_times"), params)
-        return lambda: _claimed_jobs(rows, times, params)
+
+        def read() -> list[Job]:
+            jobs, settings = _claimed_jobs(rows, times, params)
+            self._queues_with_settings[key] = settings
+            return jobs
+
+        return read
 
     def _settle_acks(
         self,
@@ -1306,14 +1327,14 @@ def _retention_rules(
 
 def _claimed_jobs(
     cur: psycopg.Cursor, times_cur: psycopg.Cursor, params: Mapping[str, Any]
-) -> list[Job]:
-    """The jobs a job_claim just returned on ``cur`` (a tuple-row cursor), with the
-    times job_claim_times returned on ``times_cur``, in claim order: UPDATE ...
-    RETURNING does not keep the claim CTE's order."""
+) -> tuple[list[Job], bool]:
+    """The jobs a claim just returned on ``cur`` (a tuple-row cursor), with the times
+    job_claim_times returned on ``times_cur``, in claim order (UPDATE ... RETURNING
+    does not keep the claim CTE's order); and whether one of the queues has settings."""
+    started_at, lease_expires_at, settings = times_cur.fetchone()  # type: ignore[misc]
     result = cur.pgresult
     if result is None or not result.nfields or not result.ntuples:
-        return []
-    started_at, lease_expires_at = times_cur.fetchone()  # type: ignore[misc]
+        return [], settings
     # What job_claim set alike on every row, and so does not return per row.
     shared = {
         "state": JobState.RUNNING,
@@ -1329,7 +1350,7 @@ def _claimed_jobs(
     payloads = jsonb.load_json_texts([job.payload for job in jobs])
     for job, payload in zip(jobs, payloads, strict=True):
         object.__setattr__(job, "payload", payload)
-    return sorted(jobs, key=lambda j: (-j.priority, j.run_at, j.id))
+    return sorted(jobs, key=lambda j: (-j.priority, j.run_at, j.id)), settings
 
 
 class _Storable(NamedTuple):

@@ -200,7 +200,87 @@ WHERE taken.key = gone.idempotency_key AND taken.job_id = gone.id;
 
 -- name: job_claim
 -- queued -> running for up to %(limit)s runnable jobs in claim order. Each claim is a
--- new attempt with a fresh lease token.
+-- new attempt with a fresh lease token. For queues without settings (see
+-- queue_settings), the common case: a queue that has some gives no job here, and
+-- job_claim_times, run next, says so, for the caller to claim it with
+-- job_claim_limited from then on (Queue.claim does). A pause therefore holds from the
+-- first claim after it commits, whichever statement a worker was using.
+-- One index scan per queue, in active_jobs_claim_idx order, so a claim reads a handful of
+-- index entries however long the backlog (a single scan over queue = ANY(...) cannot
+-- use the index order, and would sort every queued row). With several queues each
+-- scan locks up to %(limit)s rows and the best %(limit)s overall are claimed; the
+-- others stay queued and are unlocked at commit.
+-- With a %(waiter)s (a worker that LISTENs), the claim also says whether that worker
+-- will wait: its rows in queue_waiters are replaced by one per queue, valid for
+-- %(waiter_seconds)s, when the claim came back short, and removed when it came back
+-- full. Neither ever waits for a lock: the old rows are taken with SKIP LOCKED, and
+-- the table has no unique key for a new row to wait on (a claim cut off mid-statement
+-- may leave a transaction holding rows until the server notices; its rows then only
+-- expire).
+WITH claimable AS (
+    SELECT candidate.id
+    FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM {schema}.active_jobs
+        WHERE state = 'queued'
+          AND queue = wanted.queue
+          AND task = ANY(%(tasks)s::text[])
+          AND run_at <= now()
+          AND NOT EXISTS (SELECT FROM {schema}.queue_settings AS setting
+                          WHERE setting.queue = wanted.queue)
+        ORDER BY priority DESC, run_at, id
+        LIMIT %(limit)s
+        {lock}
+    ) AS candidate
+    ORDER BY candidate.priority DESC, candidate.run_at, candidate.id
+    LIMIT %(limit)s
+),
+claimed AS (
+UPDATE {schema}.active_jobs AS job
+SET state = 'running',
+    -- Saturating: a row written around pgqueue with attempts at the integer limit
+    -- still runs (and goes dead if it fails) instead of failing every claim of its
+    -- queue with "integer out of range".
+    attempts = least(job.attempts, 2147483646) + 1,
+    lease_token = gen_random_uuid(),
+    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    worker_id = %(worker_id)s,
+    started_at = now()
+-- By primary key, one row at a time: a join to the claimed ids lets the planner hash
+-- them and scan the whole table, which grows with the history the table holds.
+WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
+-- Every column that differs between the claimed rows, in the order of pgqueue.Job's
+-- fields, the payload as text: the worker loads a whole claim's payloads with one JSON
+-- parse, instead of one per row through the driver. The columns this statement sets
+-- alike for every row (state, worker_id, started_at, lease_expires_at) come once, from
+-- job_claim_times in the same transaction: a claim returns hundreds of rows, and each
+-- timestamp costs the server and the client a conversion per row.
+RETURNING job.id, job.queue, job.task, job.payload::text AS payload, job.priority,
+          job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
+          job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.errors,
+          job.result, job.idempotency_key, job.trace_context, job.unique_key
+),
+no_longer_waiting AS (
+    DELETE FROM {schema}.queue_waiters
+    WHERE %(waiter)s::text IS NOT NULL
+      AND ctid = ANY(ARRAY(
+          SELECT ctid FROM {schema}.queue_waiters
+          WHERE waiter = %(waiter)s
+          FOR UPDATE SKIP LOCKED
+      ))
+),
+waiting AS (
+    INSERT INTO {schema}.queue_waiters (queue, waiter, expires_at)
+    SELECT wanted.queue, %(waiter)s, now() + make_interval(secs => %(waiter_seconds)s)
+    FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    WHERE %(waiter)s::text IS NOT NULL
+      AND (SELECT count(*) FROM claimed) < %(limit)s
+)
+SELECT * FROM claimed;
+
+-- name: job_claim_limited
+-- job_claim for queues that have settings (paused, or a concurrency or rate limit):
+-- queued -> running for up to %(limit)s runnable jobs in claim order, as they allow.
 -- One index scan per queue, in active_jobs_claim_idx order, so a claim reads a handful of
 -- index entries however long the backlog (a single scan over queue = ANY(...) cannot
 -- use the index order, and would sort every queued row). With several queues each
@@ -347,9 +427,13 @@ FROM (
 ) AS limited;
 
 -- name: job_claim_times
--- started_at and lease_expires_at as job_claim set them, run in its transaction after
+-- started_at and lease_expires_at as the claim set them, run in its transaction after
 -- it: now() is the transaction's start time, and the expression is the claim's own.
-SELECT now() AS started_at, now() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at;
+-- And whether any of the queues has settings, which job_claim leaves alone: the next
+-- claim of these queues takes job_claim_limited if so, job_claim if not.
+SELECT now() AS started_at, now() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at,
+       EXISTS (SELECT FROM {schema}.queue_settings
+               WHERE queue = ANY(%(queues)s::text[])) AS settings;
 
 -- name: job_heartbeat_many
 -- Extends every lease still held, and returns the ids of the leases that were lost.
@@ -439,19 +523,23 @@ timed AS (
     -- The run-time histogram (see run_time_buckets): per queue, task and bucket, the
     -- attempts acked and their seconds. An attempt falls in the bucket of the smallest
     -- bound at or above its run time: width_bucket() gives the largest bound at or
-    -- below it, and the next one unless the run time equals that bound.
+    -- below it, and the next one unless the run time equals that bound. The jobs of one
+    -- claim share their started_at, and an ack's now() is one value: counted per claim
+    -- first, the bucket is found once per claim, not once per job.
     INSERT INTO {schema}.run_time_buckets AS bucket (queue, task, le, slot, attempts, seconds)
-    SELECT run.queue, run.task,
-           bounds.le[position + (position = 0 OR run.seconds > bounds.le[position])::int],
-           mod(pg_backend_pid(), 16), count(*), sum(run.seconds)
+    SELECT queue, task, le[position + (position = 0 OR seconds > le[position])::int],
+           mod(pg_backend_pid(), 16), sum(attempts), sum(seconds * attempts)
     FROM (
-        SELECT queue, task,
-               greatest(0, extract(epoch FROM now() - coalesce(started_at, now())))::float8
-                   AS seconds
-        FROM acked
-    ) AS run
-    CROSS JOIN (SELECT {schema}.run_time_bounds() AS le) AS bounds
-    CROSS JOIN LATERAL width_bucket(run.seconds, bounds.le) AS position
+        SELECT queue, task, attempts, seconds, le, width_bucket(seconds, le) AS position
+        FROM (
+            SELECT queue, task, count(*) AS attempts,
+                   greatest(0, date_part('epoch', now() - coalesce(started_at, now())))
+                       AS seconds
+            FROM acked
+            GROUP BY queue, task, started_at
+        ) AS run,
+        (SELECT {schema}.run_time_bounds() AS le) AS bounds
+    ) AS placed
     GROUP BY 1, 2, 3
     ORDER BY 1, 2, 3
     ON CONFLICT (queue, task, le, slot) DO UPDATE
