@@ -77,6 +77,13 @@ def crash(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON, default=False)
+def controls(session: nox.Session) -> None:
+    """Pause/resume latency and limits with real workers; results/controls.json."""
+    install_repo(session)
+    session.run("pgqueue", "bench", "controls", *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
 def faults(session: nox.Session) -> None:
     """Fault injection on private clusters (a minute of deadlock hunting); results/faults.json."""
     install_repo(session)

@@ -21,13 +21,29 @@ handler an ``async def`` that awaits ``asyncio.sleep`` of MS milliseconds: how m
 such jobs each system runs at once with its natural settings. pgqueue keeps its
 default flags. Throughput only; the results go to ``results/peers_async.json``.
 
+A baseline build (``--baseline LABEL=PYTHON``): today's pgqueue against an older one
+installed in another virtualenv, in the same run. The system "pgqueue LABEL" runs the
+same ``peer_pgqueue.py`` under PYTHON; beside it run "pgqueue", and "pgqueue
+concurrency-limited" and "pgqueue rate-limited": today's pgqueue on a queue whose
+``concurrency_limit`` (10,000) or ``rate_limit`` (a million jobs/s) is set but never
+binds, so the cost of a configured limit shows. Those three run only when asked
+(``--baseline``, or ``--only``). With ``--baseline``, only the pgqueue systems run
+(``--only`` adds peers), throughput only, into ``results/peers_baseline.json``, whose
+summary gives, per worker count, each pgqueue system's rate over the baseline's, paired
+within each repeat (the systems take turns inside a repeat): the median of those
+ratios, and their min and max.
+
 Usage (what ``nox -s peers`` runs)::
 
     python bench/peers/compare.py --peer procrastinate=PYTHON --peer pgqueuer=PYTHON
 
-and for 20 ms async jobs (``nox -s peers -- --sleep-ms 20 --workers 1``)::
+for 20 ms async jobs (``nox -s peers -- --sleep-ms 20 --workers 1``)::
 
     python bench/peers/compare.py --peer ... --sleep-ms 20 --workers 1
+
+and against a build of commit 8adbcc3 installed in its own virtualenv::
+
+    python bench/peers/compare.py --baseline 8adbcc3=/tmp/pgqueue-8adbcc3/.venv/bin/python
 """
 
 from __future__ import annotations
@@ -95,21 +111,46 @@ class System:
         ]
 
 
+# Limits configured on the queue but far above what a run reaches: what the claim
+# pays for reading and keeping them, not what they hold back.
+UNBOUND_CONCURRENCY_LIMIT = 10_000
+UNBOUND_RATE_LIMIT = 1_000_000
+
+
 def systems(pythons: dict[str, str]) -> list[System]:
     """pgqueue with its default worker, and each peer with its documented throughput
     settings; PgQueuer also with the larger batch its tuning guide suggests for
-    short jobs, so the comparison is against its best documented configuration."""
+    short jobs, so the comparison is against its best documented configuration.
+    (A peer whose Python was not given has an empty one; it cannot be chosen.)"""
     return [
         System("pgqueue", "pgqueue"),
-        System("procrastinate", "procrastinate", python=pythons["procrastinate"]),
-        System("pgqueuer", "pgqueuer", python=pythons["pgqueuer"]),
+        System("procrastinate", "procrastinate", python=pythons.get("procrastinate", "")),
+        System("pgqueuer", "pgqueuer", python=pythons.get("pgqueuer", "")),
         System(
             "pgqueuer batch 100",
             "pgqueuer",
             {"batch_size": "100"},
-            python=pythons["pgqueuer"],
+            python=pythons.get("pgqueuer", ""),
         ),
     ]
+
+
+def pgqueue_variants(baseline: tuple[str, str] | None) -> list[System]:
+    """The systems that run only when asked: today's pgqueue on a queue with a
+    concurrency limit or a rate limit that never binds, and, given ``(label,
+    python)``, the pgqueue installed under that Python as "pgqueue LABEL"."""
+    variants = [
+        System(
+            "pgqueue concurrency-limited",
+            "pgqueue",
+            {"queue_concurrency_limit": str(UNBOUND_CONCURRENCY_LIMIT)},
+        ),
+        System("pgqueue rate-limited", "pgqueue", {"queue_rate_limit": str(UNBOUND_RATE_LIMIT)}),
+    ]
+    if baseline:
+        label, python = baseline
+        variants.append(System(f"pgqueue {label}", "pgqueue", python=python))
+    return variants
 
 
 class Workers:
@@ -281,9 +322,43 @@ def latency_run(
     }
 
 
-def summarize(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
-    """Spread per system and worker count over verified runs, and pgqueue's ratio to
-    the fastest peer at each worker count (medians)."""
+def is_pgqueue(name: str) -> bool:
+    """Whether the system called ``name`` is pgqueue (today's or a baseline), not a peer."""
+    return name == "pgqueue" or name.startswith("pgqueue ")
+
+
+def ratios_to_baseline(
+    runs: list[dict[str, Any]], baseline: str, names: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Per worker count and system of ``names``, its throughput over ``baseline``'s,
+    paired within each repeat (the systems take turns inside a repeat, so a pair
+    shares the machine's mood): the spread of those ratios. Only repeats where both
+    runs were verified count."""
+    rates: dict[tuple[str, int, str], float] = {}
+    for run in runs:
+        if run["scenario"] == "throughput" and run["verified"] and run["jobs_per_second"]:
+            rates[(str(run["workers"]), run["repeat"], run["system"])] = run["jobs_per_second"]
+    out: dict[str, dict[str, Any]] = {}
+    for workers, repeat, system in rates:
+        if system != baseline:
+            continue
+        for name in names:
+            if name != baseline and (workers, repeat, name) in rates:
+                out.setdefault(workers, {}).setdefault(name, []).append(
+                    rates[(workers, repeat, name)] / rates[(workers, repeat, baseline)]
+                )
+    return {
+        workers: {name: results.spread(ratios) for name, ratios in by_name.items()}
+        for workers, by_name in out.items()
+    }
+
+
+def summarize(
+    runs: list[dict[str, Any]], names: list[str], baseline: str | None = None
+) -> dict[str, Any]:
+    """Spread per system and worker count over verified runs, pgqueue's ratio to the
+    fastest peer at each worker count (medians), and with ``baseline``, every pgqueue
+    system's ratio to it (see :func:`ratios_to_baseline`)."""
     counted = [run for run in runs if run["verified"]]
     throughput: dict[str, dict[str, Any]] = {}
     for name in names:
@@ -297,7 +372,7 @@ def summarize(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
         peers = {
             name: throughput[name][workers]["median"]
             for name in names
-            if name != "pgqueue" and workers in throughput[name]
+            if not is_pgqueue(name) and workers in throughput[name]
         }
         if peers and spread["median"]:
             fastest = max(peers, key=peers.get)
@@ -314,12 +389,19 @@ def summarize(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
             latency[name] = {
                 p: results.spread(r["latency_ms"][p] for r in chosen) for p in ("p50", "p95", "p99")
             }
-    return {
+    summary = {
         "throughput": throughput,
         "pgqueue_vs_fastest_peer": ratios,
         "latency": latency,
         "runs_not_counted": len(runs) - len(counted),
     }
+    if baseline:
+        variants = [name for name in names if is_pgqueue(name) and name != baseline]
+        summary["vs_baseline"] = {
+            "baseline": baseline,
+            "ratios": ratios_to_baseline(runs, baseline, variants),
+        }
+    return summary
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -352,7 +434,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--results-dir")
     parser.add_argument(
         "--only", action="append", default=[], metavar="SYSTEM",
-        help="Run only this system (repeatable), e.g. --only pgqueue --only 'pgqueuer batch 100'.",
+        help="Run only this system (repeatable), e.g. --only pgqueue --only 'pgqueuer batch 100'; "
+        "also 'pgqueue concurrency-limited' and 'pgqueue rate-limited', which run only when asked.",
+    )  # fmt: skip
+    parser.add_argument(
+        "--baseline", metavar="LABEL=PYTHON",
+        help="Also run the pgqueue installed under PYTHON as 'pgqueue LABEL', with today's "
+        "pgqueue on queues with non-binding limits; only pgqueue systems unless --only says "
+        "otherwise, throughput only, into results/peers_baseline.json with each one's ratio "
+        "to the baseline.",
     )  # fmt: skip
     args = parser.parse_args(argv)
 
@@ -360,35 +450,55 @@ def main(argv: list[str] | None = None) -> None:
     pythons = {
         name: os.path.abspath(python) for name, python in (p.split("=", 1) for p in args.peer)
     }
-    missing = {"procrastinate", "pgqueuer"} - set(pythons)
-    if missing:
-        parser.error(f"give --peer for {', '.join(sorted(missing))} (nox -s peers does)")
+    baseline: tuple[str, str] | None = None
+    if args.baseline:
+        label, _, python = args.baseline.partition("=")
+        if not label or not python:
+            parser.error("--baseline takes LABEL=PYTHON, e.g. 8adbcc3=/path/to/.venv/bin/python")
+        baseline = (label, os.path.abspath(python))
     worker_counts = [int(w) for w in args.workers.split(",")]
     sleep_ms = args.sleep_ms
     jobs = args.jobs or (SLEEPING_JOBS if sleep_ms else NOOP_JOBS)
     repeats, latency_jobs = args.repeats, args.latency_jobs
     # The async scenario measures how many sleeping jobs run at once: throughput only.
-    no_latency = args.no_latency or bool(sleep_ms)
+    # The baseline comparison is about drain throughput.
+    no_latency = args.no_latency or bool(sleep_ms) or bool(baseline)
     if args.quick:
         worker_counts, repeats, jobs, latency_jobs = [2], 1, min(jobs, 2000), min(latency_jobs, 300)
 
-    target = database.resolve_target(args.database_url)
-    chosen = systems(pythons)
+    standard, variants = systems(pythons), pgqueue_variants(baseline)
     if args.only:
-        unknown = set(args.only) - {system.name for system in chosen}
+        known = standard + variants
+        unknown = set(args.only) - {system.name for system in known}
         if unknown:
             parser.error(f"no such system: {', '.join(sorted(unknown))}")
-        chosen = [system for system in chosen if system.name in args.only]
+        chosen = [system for system in known if system.name in args.only]
+    elif baseline:
+        chosen = [standard[0], *variants]
+    else:
+        chosen = standard
+    missing = {system.peer for system in chosen if not system.python}
+    if missing:
+        parser.error(f"give --peer for {', '.join(sorted(missing))} (nox -s peers does)")
+    baseline_name = f"pgqueue {baseline[0]}" if baseline else None
+    target = database.resolve_target(args.database_url)
     versions: dict[str, Any] = {}
     for system in chosen:
-        versions.update(json.loads(system.run("version").strip().splitlines()[-1]))
+        reported = json.loads(system.run("version").strip().splitlines()[-1])
+        reported.pop("settings", None)
+        if system.name == baseline_name:
+            # The same distributions at another commit: keep both versions apart.
+            reported = {f"{package} ({baseline[0]})": v for package, v in reported.items()}
+        versions.update(reported)
     runs: list[dict[str, Any]] = []
     with LiveLine() as progress:
         # Interleave the systems inside each repeat, so a slow spell of the machine
-        # does not fall on one system only.
+        # does not fall on one system only, and start each repeat with the next one,
+        # so that no system always runs first (or right after another one).
         for repeat in range(repeats):
+            turn = repeat % len(chosen)
             for workers in worker_counts:
-                for system in chosen:
+                for system in chosen[turn:] + chosen[:turn]:
                     progress.update(
                         f"throughput: {system.name}, {workers} workers, run {repeat + 1}/{repeats}",
                         force=True,
@@ -413,9 +523,9 @@ def main(argv: list[str] | None = None) -> None:
                     f"{system.name:>20} latency: p50 {lat['p50']:.1f} ms, p99 {lat['p99']:.1f} ms"
                 )
     names = [system.name for system in chosen]
-    summary = summarize(runs, names)
+    summary = summarize(runs, names, baseline_name)
     block = environment.describe(target.url, target.server)
-    block["packages"].update({k: v for k, v in versions.items() if k != "settings"})
+    block["packages"].update(versions)
     if sleep_ms:
         sleep = f"asyncio.sleep({sleep_ms / 1000:g})"
         handler, peer_handler = f"async handler awaiting {sleep}", f" awaiting {sleep}"
@@ -441,7 +551,21 @@ def main(argv: list[str] | None = None) -> None:
             "batch for short jobs)",
         },
     }
-    name = "peers_async" if sleep_ms else "peers"
+    asked_for = {
+        "pgqueue concurrency-limited": "as pgqueue, on a queue whose concurrency_limit is "
+        f"{UNBOUND_CONCURRENCY_LIMIT} (set with Queue.update_queue before the start barrier)",
+        "pgqueue rate-limited": f"as pgqueue, on a queue whose rate_limit is "
+        f"{UNBOUND_RATE_LIMIT:g} jobs/s (set with Queue.update_queue before the start barrier)",
+    }
+    parameters["systems"].update({k: v for k, v in asked_for.items() if k in names})
+    if baseline:
+        parameters["systems"][baseline_name] = (
+            f"as pgqueue, the build of {baseline[0]} in a virtualenv of its own"
+        )
+        parameters["baseline"] = {"label": baseline[0], "python": baseline[1]}
+        name = "peers_baseline_async" if sleep_ms else "peers_baseline"
+    else:
+        name = "peers_async" if sleep_ms else "peers"
     document = results.document(
         name, environment=block, parameters=parameters, runs=runs, summary=summary
     )
@@ -453,7 +577,13 @@ def main(argv: list[str] | None = None) -> None:
             f"{ratio['fastest_peer']} {ratio['fastest_peer_jobs_per_second']:,.0f} jobs/s: "
             f"{ratio['ratio']:.2f}x"
         )
-    if not sleep_ms:  # the charts show the no-op scenario
+    for workers, by_name in summary.get("vs_baseline", {}).get("ratios", {}).items():
+        for variant, ratio in by_name.items():
+            print(
+                f"{workers} workers: {variant} / {baseline_name}: {ratio['median']:.3f}x "
+                f"(per repeat {ratio['min']:.3f}-{ratio['max']:.3f}, {ratio['runs']} repeats)"
+            )
+    if not sleep_ms and not baseline:  # the charts show the no-op scenario with the peers
         for image in plot.plot_peers(document, path.parent):
             print(f"wrote {image}")
 

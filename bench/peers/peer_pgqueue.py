@@ -5,6 +5,12 @@ synchronous no-op handler (with ``--sleep-ms``, an ``async def`` one that awaits
 ``asyncio.sleep``), in this process: built and connected before the start barrier, as
 the peers are, and run once it opens.
 ``--setting concurrency=N`` (or any other worker flag name) changes a default.
+
+``--setting queue_concurrency_limit=N`` and ``--setting queue_rate_limit=R`` are not
+worker flags but the queue's own settings: each ``work`` process applies them with
+``Queue.update_queue`` before the start barrier (the same values from every process).
+Nothing else here needs a newer pgqueue than commit 8adbcc3, so the script also runs
+under such an older build installed in another virtualenv (``compare.py --baseline``).
 """
 
 from __future__ import annotations
@@ -15,11 +21,19 @@ from importlib import metadata
 import peerlib
 
 from pgqueue import JobSpec, Queue, migrate
+from pgqueue.settings import DEFAULT_QUEUE
 from pgqueue_bench import observe
 
 # Per-job log lines off, as in the throughput driver: the peers log nothing per job
 # unless their users configure logging, so this compares queues, not log formatters.
 DEFAULT_SETTINGS = {"log_level": "warning"}
+
+# Settings of the queue, not of the worker: the update_queue argument each one sets,
+# and how its value is read.
+QUEUE_SETTINGS = {
+    "queue_concurrency_limit": ("concurrency_limit", int),
+    "queue_rate_limit": ("rate_limit", float),
+}
 
 
 def setup(url: str) -> None:
@@ -43,9 +57,28 @@ def produce(url: str, jobs: int, rate: float) -> None:
     asyncio.run(run())
 
 
+def configure_queue(url: str, settings: dict[str, str]) -> dict[str, str]:
+    """Apply the queue settings among ``settings`` (see :data:`QUEUE_SETTINGS`) to the
+    queue the worker serves; return the others, the worker's flags."""
+    changes = {
+        QUEUE_SETTINGS[name][0]: QUEUE_SETTINGS[name][1](value)
+        for name, value in settings.items()
+        if name in QUEUE_SETTINGS
+    }
+    flags = {name: value for name, value in settings.items() if name not in QUEUE_SETTINGS}
+    if changes:
+        with Queue.connect(url, max_size=1) as queue:
+            if not hasattr(queue, "update_queue"):
+                raise SystemExit(f"this pgqueue has no queue settings: cannot set {changes}")
+            # create: the jobs are there already, but a queue need not have any yet.
+            queue.update_queue(flags.get("queue", DEFAULT_QUEUE), **changes, create=True)
+    return flags
+
+
 def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep_ms: float) -> None:
     from pgqueue_worker.cli import prepare_worker, worker
 
+    settings = configure_queue(url, settings)
     handlers = "peerlib:PGQUEUE_HANDLERS"
     if sleep_ms:
         peerlib.SLEEP_SECONDS = sleep_ms / 1000

@@ -102,7 +102,8 @@ def command_line(description: str, argv: list[str] | None = None) -> argparse.Na
                 action="append",
                 default=[],
                 metavar="NAME=VALUE",
-                help="A documented worker setting of the peer (repeatable).",
+                help="A documented worker setting of the peer, or for pgqueue a queue setting "
+                "(queue_concurrency_limit, queue_rate_limit) (repeatable).",
             )
         if name == "report":
             command.add_argument("--latencies", action="store_true")

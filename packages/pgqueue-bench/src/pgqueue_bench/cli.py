@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from pgqueue_bench.controls import controls_command
 from pgqueue_bench.crash import crash_command
 from pgqueue_bench.enqueue import enqueue_command
 from pgqueue_bench.latency import latency_command
@@ -23,6 +24,7 @@ def bench() -> None:
 bench.add_command(throughput_command)
 bench.add_command(latency_command)
 bench.add_command(crash_command)
+bench.add_command(controls_command)
 bench.add_command(restart_command)
 bench.add_command(scale_command)
 bench.add_command(enqueue_command)

@@ -578,14 +578,111 @@ def model_footer(document: dict[str, Any]) -> str:
     )
 
 
+def baseline_section(document: dict[str, Any]) -> list[str]:
+    """Drain throughput of this build against an earlier one, paired per repeat in one
+    run: what a change costs the path every job takes."""
+    summary = document["summary"]
+    baseline = summary["vs_baseline"]["baseline"]
+    ratios = summary["vs_baseline"]["ratios"]
+    throughput = summary["throughput"]
+    systems = [name for name in throughput if name != baseline]
+    rows = []
+    for workers in sorted(ratios, key=int):
+        rows.append(
+            [
+                workers,
+                _median_range(_spread_values(throughput[baseline].get(workers))),
+                *(
+                    f"{_median_range(_spread_values(throughput[name].get(workers)))} "
+                    f"({_ratio_range(ratios[workers].get(name))})"
+                    for name in systems
+                ),
+            ]
+        )
+    described = document["parameters"].get("systems", {})
+    lines = [
+        f"### This build against {baseline} (jobs/s, median and min-max over runs)",
+        "",
+        f"{document['parameters'].get('jobs')} no-op jobs drained as in the peers "
+        "benchmark, every system in each repeat (in turn, each repeat starting with the "
+        "next one); in parentheses, the median and min-max of the per-repeat ratios to "
+        f"{baseline}.",
+        "",
+        *_table(["workers", baseline, *systems], rows),
+        "",
+    ]
+    lines += [f"- {name}: {described[name]}" for name in [baseline, *systems] if name in described]
+    return [*lines, ""]
+
+
+def _spread_values(spread: dict[str, Any] | None) -> list[float]:
+    """A spread's median, min and max as values :func:`_median_range` shows alike."""
+    if not spread:
+        return []
+    return [spread["min"], spread["median"], spread["max"]]
+
+
+def _ratio_range(spread: dict[str, Any] | None) -> str:
+    if not spread:
+        return "-"
+    return f"{spread['median']:.2f}x, {spread['min']:.2f}-{spread['max']:.2f}"
+
+
+def controls_section(document: dict[str, Any]) -> list[str]:
+    """How promptly real workers obey a pause, a resume and the limits."""
+    summary = document["summary"]
+    params = document["parameters"]
+    limit = summary["concurrency_limit"]
+    rate = summary["rate_limit"]
+    rows = [
+        [
+            "pause to the last start after it (ms)",
+            _number(summary["pause_to_quiet_ms"]["median"], 1),
+            f"{_number(summary['pause_to_quiet_ms']['min'], 1)}-"
+            f"{_number(summary['pause_to_quiet_ms']['max'], 1)}",
+        ],
+        [
+            "resume to the first start (ms)",
+            _number(summary["resume_to_first_start_ms"]["median"], 1),
+            f"{_number(summary['resume_to_first_start_ms']['min'], 1)}-"
+            f"{_number(summary['resume_to_first_start_ms']['max'], 1)}",
+        ],
+        [
+            "jobs started after the pause (claimed ahead)",
+            _number(summary["starts_after_pause"]["median"]),
+            f"{_number(summary['starts_after_pause']['min'])}-"
+            f"{_number(summary['starts_after_pause']['max'])}",
+        ],
+    ]
+    return [
+        "### Queue controls: pause, resume and limits with real workers",
+        "",
+        f"{params.get('workers')} worker processes with {params.get('concurrency')} slots "
+        f"each and the default poll interval, on {params.get('job_ms')} ms jobs; "
+        f"{params.get('cycles')} pause and resume cycles.",
+        "",
+        *_table(["", "median", "min-max"], rows),
+        "",
+        f"- Concurrency limit {limit['limit']} with {params.get('concurrency_workers')} "
+        f"workers: at most {limit['most_running']} running at once "
+        f"({'held' if limit['held'] else '**exceeded**'}).",
+        f"- Rate limit {rate['limit']:g}/s: {rate['starts']} starts in "
+        f"{rate['window_seconds']:g} s, against {rate['expected_starts']:g} expected "
+        f"({rate['ratio_to_limit']:.2f} of the limit).",
+        "",
+    ]
+
+
 SECTIONS = {
     "throughput": throughput_section,
     "latency": latency_section,
     "peers": peers_section,
     "peers_async": peers_section,
+    "peers_baseline": baseline_section,
     "enqueue": enqueue_section,
     "crash": crash_section,
     "restart": restart_section,
+    "controls": controls_section,
     "faults": faults_section,
     "model": model_section,
 }
