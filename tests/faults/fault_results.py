@@ -68,6 +68,19 @@ FAULTS: dict[str, str] = {
         "`statement_timeout`, `idle_in_transaction_session_timeout` (17+: "
         "`transaction_timeout`) of 1 s on the server"
     ),
+    "11-patroni-switchover": (
+        "`patronictl switchover --force` to the synchronous replica of a Patroni cluster "
+        "(etcd, `synchronous_mode: true`); one multi-host URL with "
+        "`target_session_attrs=read-write`"
+    ),
+    "11-patroni-failover": (
+        "`patronictl failover --force` to the synchronous replica of a Patroni cluster; "
+        "one multi-host URL with `target_session_attrs=read-write`"
+    ),
+    "11-patroni-primary-killed": (
+        "the Patroni primary's postmaster killed (SIGKILL), Patroni restarts it in place; "
+        "one multi-host URL with `target_session_attrs=read-write`"
+    ),
 }
 
 
