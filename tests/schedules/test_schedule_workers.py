@@ -202,3 +202,16 @@ def test_a_worker_syncs_its_plugins_schedules_when_it_starts(
     log = run("a=30 4 * * 0")
     assert "schedules synced: 0 added, 0 updated, 0 disabled, 1 unchanged" in log
     assert "scheduler on" in log
+
+
+def test_a_burst_worker_with_nothing_to_do_still_syncs_before_it_exits(
+    tmp_path: Path, database_url: str, schema: str, db: psycopg.Connection
+) -> None:
+    workers = Workers(tmp_path, database_url, schema, PGQUEUE_TEST_SCHEDULES="a=0 4 * * 0")
+    process = workers.start("--burst")
+    assert process.wait(60) == 0, workers.log(0)
+    assert "schedules synced: 1 added" in workers.log(0)
+    names = db.execute(
+        sql.SQL("SELECT name FROM {}.schedules").format(sql.Identifier(schema))
+    ).fetchall()
+    assert names == [("a",)]

@@ -12,9 +12,9 @@ server ends a killed worker's transaction at once (a frozen one's after 5 s idle
 another worker takes the lock in its next round, within ``interval`` plus
 ``FOLLOWER_GRACE`` (1.25 s) of that.
 
-Before its first round the scheduler syncs this worker's plugins' schedules to the
-database (with ``--no-scheduler`` too, and then stops). A database that is down delays
-the sync, not the worker's start.
+The worker syncs its plugins' schedules to the database when it starts, before it
+claims anything (with ``--no-scheduler`` too). A database that is down delays the sync,
+not the worker's start: the scheduler's first round does it then.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import logging
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
-from pgqueue import Queue
+from pgqueue import DatabaseUnavailable, Queue
 from pgqueue.schedules import Schedule
 from pgqueue_worker.outage import DatabaseHealth
 from pgqueue_worker.service import PeriodicService
@@ -74,23 +74,36 @@ class Scheduler(PeriodicService):
         """Jobs this scheduler enqueued."""
         self._delay = interval
 
+    def sync_now(self) -> None:
+        """The sync, before the worker claims anything (so that even a ``--burst``
+        worker that is done at once has synced): if the database cannot take it now,
+        the scheduler's thread tries again in its rounds."""
+        if self._sync is None:
+            return
+        try:
+            self._sync_once()
+        except DatabaseUnavailable as exc:
+            log.warning("could not sync the schedules yet (%s); retrying", exc)
+
+    def _sync_once(self) -> None:
+        assert self._sync is not None
+        report = self.queue.sync_schedules(self._sync.declared, self._sync.plugins)
+        log.info(
+            "schedules synced: %d added, %d updated, %d disabled, %d unchanged",
+            len(report.added),
+            len(report.updated),
+            len(report.removed),
+            len(report.unchanged),
+        )
+        self._sync = None
+
     def tick(self) -> bool:
         wrote = False
         if self._sync is not None:
-            report = self.queue.sync_schedules(self._sync.declared, self._sync.plugins)
-            log.info(
-                "schedules synced: %d added, %d updated, %d disabled, %d unchanged",
-                len(report.added),
-                len(report.updated),
-                len(report.removed),
-                len(report.unchanged),
-            )
-            self._sync = None
+            self._sync_once()
             wrote = True
-            if not self.run:
-                self._stopped.set()  # --no-scheduler: the sync was all there was to do
-                return wrote
         if not self.run:
+            self._stopped.set()  # --no-scheduler: the sync was all there was to do
             return wrote
         done = self.queue.run_due_schedules()
         # The role is kept by the worker that got there first, and passes to one that

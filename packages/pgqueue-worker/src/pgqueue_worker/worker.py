@@ -328,6 +328,7 @@ class Worker:
             )
             if self.scheduler:
                 log.info("scheduler on: enqueueing due schedules, one worker at a time")
+            scheduler.sync_now()
         listener = None
         if self.listen:
             listener = Listener(
