@@ -18,7 +18,7 @@ import click
 import pluggy
 import psycopg
 
-from pgqueue import embedded, migrations
+from pgqueue import embedded, migrations, roles
 from pgqueue.dev import dev
 from pgqueue.errors import NoDatabaseConfigured, PgQueueError
 from pgqueue.job import FINISHED_STATES, JobState
@@ -258,11 +258,32 @@ def enqueue(
     once if they already have)."""
     try:
         body = json.loads(payload)
+        _check_utf8(json.dumps(body, ensure_ascii=False), "--payload")
     except json.JSONDecodeError as exc:
         raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
+    except RecursionError:
+        raise click.BadParameter("JSON nested too deeply", param_hint="--payload") from None
+    for hint, value in (("TASK", task), ("--queue", options["queue"])):
+        _check_utf8(value, hint)
+    for name in ("idempotency_key", "unique_key"):
+        if options[name] is not None:
+            _check_utf8(options[name], f"--{name.replace('_', '-')}")
     with open_queue(database_url, schema) as queue:
         outcome = queue.enqueue(task, body, **options)
     _echo_json({"created": outcome.created, "job": outcome.job.to_dict()})
+
+
+def _check_utf8(text: str, param_hint: str) -> None:
+    # Arguments that are not UTF-8 reach Python as lone surrogates (as do "\ud800"
+    # escapes in JSON), which neither psycopg nor PostgreSQL accept: a usage error here,
+    # before the database, rather than a traceback from the driver.
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise click.BadParameter(
+            "is not valid UTF-8 (a lone surrogate or bytes of another encoding)",
+            param_hint=param_hint,
+        ) from None
 
 
 @main.command(epilog=COMMAND_EXIT_STATUSES)
@@ -506,6 +527,31 @@ dev.epilog = exit_status_help(
     ("", "at least 1"),
 )
 main.add_command(dev)
+
+
+@click.group("roles")
+def roles_group() -> None:
+    """Least-privilege PostgreSQL roles for a schema (see docs/roles.md)."""
+
+
+@roles_group.command("grant", epilog=COMMAND_EXIT_STATUSES)
+@database_options
+def roles_grant(database_url: str | None, schema: str) -> None:
+    """Create the schema's NOLOGIN group roles if missing (<schema>_producer, _worker,
+    _operator, _owner) and grant each exactly what it needs. Run as a superuser, after
+    `pgqueue migrate`, and again after every upgrade."""
+    url = resolve_url(database_url)
+    check_schema(schema)
+    check_reachable(url)
+    try:
+        granted = roles.grant_roles(url, schema)
+    except psycopg.Error as exc:
+        raise click.ClickException(f"cannot grant the roles: {error_line(exc)}") from None
+    for kind in ("producer", "worker", "operator", "owner"):
+        click.echo(f"{kind}: {getattr(granted, kind)}")
+
+
+main.add_command(roles_group)
 
 # The operator's commands, in a module of their own (it imports this one).
 from pgqueue.cli_operating import queue_group, workers  # noqa: E402
