@@ -113,3 +113,24 @@ def test_an_unknown_log_format_is_a_usage_error(database_url):
     assert result.returncode == 2
     assert "'xml' is not one of 'text', 'json'" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_unexpected_error_is_a_500_with_its_request_id_on_a_connection_kept_open(
+    database_url, schema, tmp_path, refuse_poison
+):
+    log_path = tmp_path / "api.log"
+    args = ["--database-url", database_url, "--schema", schema, "--log-format", "json"]
+    with api_process(args, {}, log_path) as base, httpx.Client(base_url=base) as client:
+        failed = client.post("/jobs", json={"task": "poison"}, headers={"X-Request-ID": "boom-1"})
+        assert failed.status_code == 500
+        assert failed.json()["detail"] == "internal server error"
+        assert failed.headers["X-Request-ID"] == "boom-1"
+        # The same connection serves the next request.
+        assert client.post("/jobs", json={"task": "echo"}).status_code == 201
+        assert access_line(log_path, "boom-1")["status"] == 500
+        reports = [
+            line
+            for line in json_lines(log_path)
+            if line.get("request_id") == "boom-1" and line.get("level") == "error"
+        ]
+        assert reports and "poison row" in json.dumps(reports[0])

@@ -20,9 +20,12 @@ from contextvars import ContextVar
 from typing import Any
 
 import uvicorn.config
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from pgqueue import log_format
+
+log = logging.getLogger("pgqueue.api")
 
 FORMATS = ("text", "json")
 REQUEST_ID_HEADER = "X-Request-ID"
@@ -66,14 +69,30 @@ class RequestIdMiddleware:
             rid = uuid.uuid4().hex
         header = (_HEADER_KEY, rid.encode("ascii"))
 
+        started = False
+
         async def send_with_id(message: Message) -> None:
+            nonlocal started
             if message["type"] == "http.response.start":
+                started = True
                 message = {**message, "headers": [*message.get("headers", ()), header]}
             await send(message)
 
         token = _request.set({"request_id": rid})
         try:
             await self.app(scope, receive, send_with_id)
+        except Exception:
+            # A defect, not a client's mistake: logged here, with the request's id, and
+            # answered here, with it too, instead of by Starlette's outermost handler
+            # (no id) and uvicorn (which then closes the client's connection).
+            if started:
+                raise
+            log.exception("unexpected error answering %s %s", scope["method"], scope["path"])
+            await JSONResponse(
+                {"detail": "internal server error", "errors": []},
+                status_code=500,
+                headers={REQUEST_ID_HEADER: rid},
+            )(scope, receive, send)
         finally:
             _request.reset(token)
 
