@@ -63,6 +63,60 @@ JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX, description="The job's id.")]
 router = APIRouter(route_class=StrictJSONRoute, tags=["jobs"])
 
 
+def job_links(pointer: str) -> dict[str, dict[str, Any]]:
+    """OpenAPI links from an answer holding a job at JSON pointer ``pointer`` (``""``:
+    the body is the job) to what can be done with that job next, and with its queue.
+    Links name their target by ``operationRef``: FastAPI derives operation ids from
+    function names and paths, which are no part of the API."""
+    job_id = {"job_id": f"$response.body#{pointer}/id"}
+    return {
+        "GetJob": {
+            "operationRef": "#/paths/~1jobs~1{job_id}/get",
+            "parameters": job_id,
+            "description": "The job's state and dependencies.",
+        },
+        "CancelJob": {
+            "operationRef": "#/paths/~1jobs~1{job_id}~1cancel/post",
+            "parameters": job_id,
+            "description": "Cancel the job.",
+        },
+        "RetryJob": {
+            "operationRef": "#/paths/~1jobs~1{job_id}~1retry/post",
+            "parameters": job_id,
+            "description": "Retry the job once it is dead or cancelled.",
+        },
+        **queue_links(f"{pointer}/queue"),
+    }
+
+
+def queue_links(pointer: str) -> dict[str, dict[str, Any]]:
+    """OpenAPI links from an answer holding a queue's name at JSON pointer ``pointer``
+    to that queue's jobs and controls."""
+    name = {"name": f"$response.body#{pointer}"}
+    return {
+        "ListQueueJobs": {
+            "operationRef": "#/paths/~1jobs/get",
+            "parameters": {"query.queue": f"$response.body#{pointer}"},
+            "description": "The queue's jobs.",
+        },
+        "UpdateQueue": {
+            "operationRef": "#/paths/~1queues~1{name}/patch",
+            "parameters": name,
+            "description": "Change the queue's settings.",
+        },
+        "PauseQueue": {
+            "operationRef": "#/paths/~1queues~1{name}~1pause/post",
+            "parameters": name,
+            "description": "Pause the queue.",
+        },
+        "ResumeQueue": {
+            "operationRef": "#/paths/~1queues~1{name}~1resume/post",
+            "parameters": name,
+            "description": "Resume the queue.",
+        },
+    }
+
+
 def job_spec(job: JobCreate) -> JobSpec:
     """The core's JobSpec for a request's job; raises pgqueue.ValidationError naming the
     field for what the request schema cannot express (NUL characters, delay and run_at).
@@ -107,13 +161,14 @@ def _job_response(action: Callable[[int], StoredJob], job_id: int) -> Response:
     response_model=schemas.Job,
     summary="Enqueue a job",
     responses={
-        201: {"description": "The job was created."},
+        201: {"description": "The job was created.", "links": job_links("")},
         200: {
             "model": schemas.Job,
             "description": (
                 "The idempotency key belongs to this job, which has the same task, queue "
                 "and payload; or this queued or running job holds the unique key."
             ),
+            "links": job_links(""),
         },
         **IDEMPOTENCY_CONFLICT,
         **TOO_LARGE,
@@ -156,7 +211,13 @@ def _enqueue_one(queue: Queue, job: JobCreate, reject_unserved: bool = False) ->
     status_code=201,
     response_model=BatchCreated,
     summary="Enqueue many jobs",
-    responses={**IDEMPOTENCY_CONFLICT, **TOO_LARGE, **INVALID, **UNAVAILABLE},
+    responses={
+        201: {"links": job_links("/items/0/job")},
+        **IDEMPOTENCY_CONFLICT,
+        **TOO_LARGE,
+        **INVALID,
+        **UNAVAILABLE,
+    },
 )
 async def enqueue_jobs(batch: JobBatchCreate, queue: QueueDep, request: Request) -> Response:
     """Add up to 1,000 jobs in one statement: all of them or, on any error, none. Items
@@ -204,7 +265,7 @@ def _enqueue_many(queue: Queue, batch: JobBatchCreate, reject_unserved: bool = F
     "/jobs",
     response_model=JobPage,
     summary="List jobs",
-    responses={**INVALID, **UNAVAILABLE},
+    responses={200: {"links": job_links("/jobs/0")}, **INVALID, **UNAVAILABLE},
 )
 async def list_jobs(filters: Annotated[JobFilter, Query()], queue: QueueDep) -> Response:
     """Jobs newest first, optionally filtered, one page at a time (keyset pagination, so
@@ -228,7 +289,7 @@ def _list_jobs(queue: Queue, filters: JobFilter) -> Response:
     "/jobs/{job_id}",
     response_model=schemas.JobDetail,
     summary="Get a job",
-    responses={**NOT_FOUND, **INVALID, **UNAVAILABLE},
+    responses={200: {"links": job_links("")}, **NOT_FOUND, **INVALID, **UNAVAILABLE},
 )
 async def get_job(job_id: JobId, queue: QueueDep) -> Response:
     """The job's state, attempts, last error, result and timestamps, and the ids of the
@@ -247,6 +308,7 @@ def _job_detail(queue: Queue, job_id: int) -> Response:
     response_model=schemas.Job,
     summary="Cancel a job",
     responses={
+        200: {"links": job_links("")},
         **NOT_FOUND,
         409: {"model": ErrorResponse, "description": "The job has already finished."},
         **TOO_LARGE,
@@ -266,6 +328,7 @@ async def cancel_job(job_id: JobId, queue: QueueDep) -> Response:
     response_model=schemas.Job,
     summary="Retry a job",
     responses={
+        200: {"links": job_links("")},
         **NOT_FOUND,
         409: {
             "model": ErrorResponse,

@@ -14,7 +14,7 @@ from starlette.concurrency import run_in_threadpool
 from pgqueue import DatabaseUnavailable
 from pgqueue_api.errors import RETRY_AFTER_SECONDS, warn_unavailable
 from pgqueue_api.metrics import CONTENT_TYPE, render
-from pgqueue_api.routes_jobs import QueueDep
+from pgqueue_api.routes_jobs import QueueDep, queue_links
 from pgqueue_api.schemas import UNAVAILABLE, Health, QueueList, QueueSummary
 from pgqueue_api.strict_json import StrictJSONRoute
 
@@ -28,7 +28,10 @@ health_router = APIRouter(route_class=StrictJSONRoute, tags=["operations"])
 
 
 @queues_router.get(
-    "/queues", response_model=QueueList, summary="Queue overview", responses=UNAVAILABLE
+    "/queues",
+    response_model=QueueList,
+    summary="Queue overview",
+    responses={200: {"links": queue_links("/queues/0/queue")}, **UNAVAILABLE},
 )
 async def list_queues(queue: QueueDep) -> QueueList:
     """Every queue that holds jobs or settings: how many jobs are in each state, how long

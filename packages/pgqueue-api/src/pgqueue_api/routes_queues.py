@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from pgqueue import UNSET, QueueInfo, QueueNotFound, validation
 from pgqueue.queue_control import CONCURRENCY_LIMIT_MAX, RATE_LIMIT_MAX
 from pgqueue_api.errors import error_response
-from pgqueue_api.routes_jobs import QueueDep, json_response
+from pgqueue_api.routes_jobs import QueueDep, json_response, queue_links
 from pgqueue_api.schemas import INVALID, NAME_RULES, UNAVAILABLE, ErrorResponse, _Request, _Response
 from pgqueue_api.strict_json import StrictJSONRoute
 
@@ -76,7 +76,12 @@ class QueueSettings(_Response):
     )
 
 
-RESPONSES: dict[int | str, dict[str, Any]] = {**QUEUE_NOT_FOUND, **INVALID, **UNAVAILABLE}
+RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {"links": queue_links("/queue")},
+    **QUEUE_NOT_FOUND,
+    **INVALID,
+    **UNAVAILABLE,
+}
 
 
 def _answer(change: Any, *args: Any, **kwargs: Any) -> Response:

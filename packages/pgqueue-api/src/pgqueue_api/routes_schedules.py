@@ -67,8 +67,22 @@ NOT_FOUND: dict[int | str, dict[str, Any]] = {
 }
 
 
+def schedule_links(pointer: str) -> dict[str, dict[str, Any]]:
+    """OpenAPI links from an answer holding a schedule at JSON pointer ``pointer``."""
+    return {
+        "SwitchSchedule": {
+            "operationRef": "#/paths/~1schedules~1{name}/patch",
+            "parameters": {"name": f"$response.body#{pointer}/name"},
+            "description": "Enable or disable the schedule.",
+        }
+    }
+
+
 @router.get(
-    "/schedules", response_model=ScheduleList, summary="List schedules", responses=UNAVAILABLE
+    "/schedules",
+    response_model=ScheduleList,
+    summary="List schedules",
+    responses={200: {"links": schedule_links("/schedules/0")}, **UNAVAILABLE},
 )
 async def list_schedules(queue: QueueDep) -> Response:
     """Every schedule the workers' plugins declared, enabled or not, with its next and
@@ -89,7 +103,7 @@ def _switch(queue: Queue, name: str, enabled: bool) -> Response:
     "/schedules/{name}",
     response_model=ScheduleSummary,
     summary="Enable or disable a schedule",
-    responses={**NOT_FOUND, **INVALID, **UNAVAILABLE},
+    responses={200: {"links": schedule_links("")}, **NOT_FOUND, **INVALID, **UNAVAILABLE},
 )
 async def update_schedule(name: ScheduleName, update: ScheduleUpdate, queue: QueueDep) -> Response:
     """`{"enabled": false}` stops every worker from enqueueing it; `{"enabled": true}`
