@@ -283,3 +283,13 @@ def test_pruning_a_dependent_removes_its_links(queue: Queue, db, schema) -> None
     queue.prune(older_than=0.0)
     links = sql.SQL("SELECT count(*) FROM {}.job_dependencies").format(sql.Identifier(schema))
     assert db.execute(links).fetchone()[0] == 0
+
+
+def test_a_queue_whose_jobs_all_wait_can_be_paused(queue: Queue) -> None:
+    # The queue exists: it has a job, which stats counts; a pause must not need
+    # create=True for it, as it does not for a queue whose jobs are queued.
+    dependency = queue.enqueue("t", queue="first").job
+    queue.enqueue("t", queue="then", depends_on=[dependency.id])
+    assert {stats.queue: stats.counts["waiting"] for stats in queue.stats()}["then"] == 1
+    assert queue.pause_queue("then").paused
+    assert queue.claim(["first"], ["t"])[0].id == dependency.id

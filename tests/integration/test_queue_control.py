@@ -249,3 +249,12 @@ def test_a_pause_holds_from_the_first_claim_after_it_whichever_claim_a_queue_use
     assert queue.claim(["steady"], ["t"], limit=10) == []  # limited: paused
     queue.resume_queue("steady")
     assert len(queue.claim(["steady"], ["t"], limit=10)) == 2
+
+
+def test_a_limit_set_between_two_claims_costs_the_second_no_jobs(queue: Queue) -> None:
+    _enqueue(queue, 4, "steady")
+    assert len(queue.claim(["steady"], ["t"], limit=1)) == 1  # learns: no settings
+    queue.update_queue("steady", concurrency_limit=5)
+    # The plain claim takes nothing from a queue with settings; the same call claims
+    # again with the limited statement instead of coming back short.
+    assert len(queue.claim(["steady"], ["t"], limit=2)) == 2

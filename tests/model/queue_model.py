@@ -1,8 +1,9 @@
 """A pure-Python model of pgqueue's job state machine, for the stateful test.
 
 It knows only what the documentation promises: which transitions exist, what each one
-does to a job's state and attempt count, which lease may finish an attempt, and in what
-order claims take runnable jobs. The real queue decides run_at and lease tokens; the
+does to a job's state and attempt count, which lease may finish an attempt, in what
+order claims take runnable jobs, and how jobs that wait for other jobs are queued or
+cancelled when those finish (see pgqueue.dependencies). The real queue decides run_at and lease tokens; the
 model records them from what the queue returns and checks everything else.
 """
 
@@ -16,7 +17,7 @@ from typing import Any
 QUEUES = ("a", "b")
 TASK = "t"
 FINISHED = ("succeeded", "dead", "cancelled")
-STATES = ("queued", "running", *FINISHED)
+STATES = ("waiting", "queued", "running", *FINISHED)
 
 
 @dataclass
@@ -37,6 +38,10 @@ class ModelJob:
     token: uuid.UUID | None = None
     expired: bool = False
     """Running with a lease whose expiry the test moved into the past."""
+    pending: set[int] = field(default_factory=set)
+    """While waiting: the dependencies that have not succeeded yet."""
+    reason: str | None = None
+    """The last_error of a job cancelled because a dependency ended dead or cancelled."""
 
 
 @dataclass
@@ -58,6 +63,12 @@ class QueueModel:
     paused: set[str] = field(default_factory=set)
     concurrency_limits: dict[str, int] = field(default_factory=dict)
     """Jobs of a queue that may run at once, across all workers (absent: no limit)."""
+    edges: set[tuple[int, int]] = field(default_factory=set)
+    """(dependency, dependent) pairs; they go when the dependent is pruned."""
+    pruned_ids: set[int] = field(default_factory=set)
+    """Ids of jobs pruned: no job any more, so refused as dependencies."""
+    pruned_queues: set[str] = field(default_factory=set)
+    """Queues of jobs pruned: their counters keep them known."""
 
     # -- queries ------------------------------------------------------------------
 
@@ -72,7 +83,7 @@ class QueueModel:
                 job
                 for job in self.jobs.values()
                 if job.unique_key == unique_key
-                and job.state in ("queued", "running")
+                and job.state in ("waiting", "queued", "running")
                 and job.id != besides
             ),
             None,
@@ -104,6 +115,13 @@ class QueueModel:
         job = self.jobs.get(holding.job_id)
         return job is not None and job.state == "running" and job.token == holding.token
 
+    def dependencies(self, job_id: int) -> tuple[list[int], list[int]]:
+        """What Queue.dependencies(job_id) must say: (depends_on, dependents)."""
+        return (
+            sorted(d for d, j in self.edges if j == job_id),
+            sorted(j for d, j in self.edges if d == job_id),
+        )
+
     def counts(self, queue: str) -> dict[str, int]:
         """Jobs per state in ``queue``."""
         counts = dict.fromkeys(STATES, 0)
@@ -113,6 +131,49 @@ class QueueModel:
         return counts
 
     # -- transitions ----------------------------------------------------------------
+
+    def enqueued(self, job: ModelJob, depends_on: set[int]) -> None:
+        """A job just created with ``depends_on`` (ids of known jobs): waiting for the
+        ones that have not succeeded, cancelled at once if one is dead or cancelled."""
+        self.jobs[job.id] = job
+        self.edges |= {(dependency, job.id) for dependency in depends_on}
+        job.pending = {d for d in depends_on if self.jobs[d].state != "succeeded"}
+        job.state = "waiting" if job.pending else "queued"
+        failed = sorted(d for d in depends_on if self.jobs[d].state in ("dead", "cancelled"))
+        if failed:
+            self._cancel_dependents(failed)
+
+    def expected_state(self, depends_on: set[int]) -> str:
+        """The state a job created now with ``depends_on`` starts in."""
+        states = {self.jobs[d].state for d in depends_on}
+        if states & {"dead", "cancelled"}:
+            return "cancelled"
+        return "waiting" if states - {"succeeded"} else "queued"
+
+    def _cancel_dependents(self, ended: list[int]) -> None:
+        """Cancel the waiting dependents of ``ended`` (jobs now dead or cancelled), one
+        level at a time; each names the lowest id among its ended dependencies of that
+        level."""
+        level = sorted(ended)
+        while level:
+            doomed: dict[int, int] = {}
+            for dependency, dependent in sorted(self.edges):
+                if dependency in level and self.jobs[dependent].state == "waiting":
+                    doomed.setdefault(dependent, dependency)
+            for dependent, dependency in doomed.items():
+                job = self.jobs[dependent]
+                job.state, job.pending = "cancelled", set()
+                job.reason = f"dependency {dependency} ended {self.jobs[dependency].state}"
+            level = sorted(doomed)
+
+    def _released(self, dependency: int) -> None:
+        """``dependency`` succeeded: its waiting dependents count it off."""
+        for d, dependent in self.edges:
+            job = self.jobs[dependent]
+            if d == dependency and job.state == "waiting":
+                job.pending.discard(dependency)
+                if not job.pending:
+                    job.state = "queued"
 
     def claimed(self, worker: str, claimed: Any) -> None:
         """``claimed``: the Job a claim returned to ``worker``."""
@@ -127,17 +188,30 @@ class QueueModel:
         job.token, job.expired = None, False
         if job.attempts >= job.max_attempts:
             job.state = "dead"
+            self._cancel_dependents([job_id])
         else:
             job.state, job.run_at = "queued", run_at
 
     def finished(self, job_id: int, state: str) -> None:
         job = self.jobs[job_id]
         job.state, job.token, job.expired = state, None, False
+        if state == "succeeded":
+            self._released(job_id)
+        else:
+            self._cancel_dependents([job_id])
 
     def retried(self, job_id: int, run_at: datetime) -> None:
         job = self.jobs[job_id]
         job.state, job.attempts, job.run_at, job.delayed = "queued", 0, run_at, False
+        # It runs without waiting: the dependents it cancelled stay cancelled, and the
+        # dependencies it waited for no longer hold it.
+        job.pending, job.reason = set(), None
 
     def pruned(self) -> None:
-        """Every finished job goes, and with it its idempotency key."""
-        self.jobs = {i: j for i, j in self.jobs.items() if j.state not in FINISHED}
+        """Every finished job goes, and with it its idempotency key and the edges to
+        the jobs it depended on (not those from the jobs it was a dependency of)."""
+        gone = {i for i, j in self.jobs.items() if j.state in FINISHED}
+        self.pruned_ids |= gone
+        self.pruned_queues |= {self.jobs[i].queue for i in gone}
+        self.jobs = {i: j for i, j in self.jobs.items() if i not in gone}
+        self.edges = {(d, j) for d, j in self.edges if j not in gone}

@@ -681,6 +681,18 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
         params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode, waiter)
         if params is None:
             return []
+        key = tuple(params["queues"])
+        plain = not self._queues_with_settings.get(key, True)
+        claimed = self._claim_once(params, mode)
+        if plain and self._queues_with_settings[key] and len(claimed) < limit:
+            # A queue got settings since the last claim, and the plain claim took
+            # nothing from it: claim again, now with the limited statement, so that the
+            # caller is not told "no more jobs" (a worker would wait for a notification
+            # that was sent before it began to wait).
+            claimed += self._claim_once({**params, "limit": limit - len(claimed)}, mode)
+        return self._refuse_undecodable(claimed)
+
+    def _claim_once(self, params: dict[str, Any], mode: str) -> list[Job]:
         with self._connection() as conn:
             # Statements and COMMIT in one pipeline: a worker cut off after the claim
             # can never leave its transaction open on the server, holding the claimed
@@ -688,8 +700,7 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
             with conn.pipeline():
                 claim = self._send_claim(conn, params, mode)
                 _send_commit(conn)
-            claimed = claim()
-        return self._refuse_undecodable(claimed)
+            return claim()
 
     def next_run_in(self, queues: Collection[str], tasks: Collection[str]) -> float | None:
         """Seconds until the earliest queued job of ``tasks`` in ``queues`` becomes
@@ -846,7 +857,7 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
         job_claim_lock. Which one a claim sends is what the last claim of the same
         queues found (job_claim_times says); job_claim gives no job from a queue that
         has settings, so a stale guess costs one short claim, never a pause or a limit
-        ignored."""
+        ignored (:meth:`claim` then claims again at once)."""
         key = tuple(params["queues"])
         rows = jsonb.cursor(conn, tuples=True)
         times = conn.cursor()

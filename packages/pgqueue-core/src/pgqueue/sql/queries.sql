@@ -939,6 +939,10 @@ WITH known AS (
                   WHERE state = 'queued' AND queue = %(queue)s)
        OR EXISTS (SELECT FROM {schema}.active_jobs
                   WHERE state = 'running' AND queue = %(queue)s)
+       -- Waiting jobs have no index of their own: read in the backlog, which an
+       -- operator's call may afford.
+       OR EXISTS (SELECT FROM {schema}.active_jobs
+                  WHERE state = 'waiting' AND queue = %(queue)s)
        OR EXISTS (SELECT FROM {schema}.queue_counters WHERE queue = %(queue)s)
 ),
 changed AS (
