@@ -183,15 +183,13 @@ def test_resuming_notifies_the_queue_at_once(queue: Queue, database_url: str) ->
         assert [n.payload for n in listener.notifies(timeout=2, stop_after=1)] == ["default"]
 
 
-def test_a_claim_that_did_not_lock_a_limited_queue_takes_nothing_from_it(
-    queue: Queue, db, schema: str
-) -> None:
-    """A limit set between a claim's lock and its count (or a claim run without the
-    lock) must not let that claim count room the next claim counts too."""
+def _limited_and_free(queue: Queue) -> dict[str, object]:
+    """Two jobs in a limited queue and two in a free one; the parameters of a claim of
+    both, for the claim statements run by hand."""
     _enqueue(queue, 2, "limited")
     _enqueue(queue, 2, "free")
     queue.update_queue("limited", concurrency_limit=5)
-    params = {
+    return {
         "queues": ["limited", "free"],
         "tasks": ["t"],
         "limit": 10,
@@ -200,6 +198,14 @@ def test_a_claim_that_did_not_lock_a_limited_queue_takes_nothing_from_it(
         "waiter": None,
         "waiter_seconds": None,
     }
+
+
+def test_a_claim_that_did_not_lock_a_limited_queue_takes_nothing_from_it(
+    queue: Queue, db, schema: str
+) -> None:
+    """A limit set between a claim's lock and its count (or a claim run without the
+    lock) must not let that claim count room the next claim counts too."""
+    params = _limited_and_free(queue)
     with db.transaction(force_rollback=True):
         rows = db.execute(queries.bind("job_claim_limited", schema), params).fetchall()
     assert len(rows) == 2  # the free queue's only
@@ -214,18 +220,7 @@ def test_the_plain_claim_leaves_queues_with_settings_and_says_so(
 ) -> None:
     """The claim of queues without settings takes nothing from one that has some, and
     job_claim_times tells the caller to use the limited claim for those queues."""
-    _enqueue(queue, 2, "limited")
-    _enqueue(queue, 2, "free")
-    queue.update_queue("limited", concurrency_limit=5)
-    params = {
-        "queues": ["limited", "free"],
-        "tasks": ["t"],
-        "limit": 10,
-        "lease_seconds": 30,
-        "worker_id": "w",
-        "waiter": None,
-        "waiter_seconds": None,
-    }
+    params = _limited_and_free(queue)
     with db.transaction(force_rollback=True):
         rows = db.execute(queries.bind("job_claim", schema), params).fetchall()
         times = db.execute(queries.bind("job_claim_times", schema), params).fetchone()

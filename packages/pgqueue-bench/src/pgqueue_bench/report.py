@@ -558,7 +558,8 @@ def model_section(document: dict[str, Any]) -> list[str]:
         "### The state machine against its model",
         "",
         "Hypothesis drives the real queue on real PostgreSQL through random sequences of "
-        "enqueues (with idempotency and unique keys), claims by two workers, heartbeats, acks and failures (current and "
+        "enqueues (with idempotency and unique keys, and jobs that wait for others), "
+        "claims by two workers, heartbeats, acks and failures (current and "
         "stale leases), lease expiry, reaping, cancels, retries, pruning, pauses and "
         "concurrency limits, and compares every job and every count with a model after "
         "each step (`tests/model`, `nox -s model`).",
