@@ -35,8 +35,6 @@ _spec.loader.exec_module(_ui_conftest)
 browser = _ui_conftest.browser
 page = _ui_conftest.page
 
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-
 
 @pytest.fixture
 def start_app(database_url: str, schema: str) -> Iterator[Callable[..., RunningApi]]:

@@ -10,6 +10,10 @@ from dataclasses import dataclass
 from fastapi import FastAPI
 from fastapi.routing import iter_route_contexts
 from starlette.routing import Mount
+from ui_support import TOKEN
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+"""The header of a request with the right token."""
 
 # A value for each path parameter that is not a Literal (those are tried one by one).
 SAMPLES = {"job_id": "1", "name": "default", "path": "no-such-file.js"}

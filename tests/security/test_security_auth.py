@@ -11,9 +11,8 @@ from collections.abc import Callable
 import httpx
 import pytest
 from api_support import RunningApi
-from conftest import AUTH, TOKEN
-from surfaces import Endpoint, endpoints
-from ui_support import csrf_of, logged_in_client
+from surfaces import AUTH, Endpoint, endpoints
+from ui_support import TOKEN, csrf_of, logged_in_client
 
 from pgqueue_api import auth
 from pgqueue_api.ui import security

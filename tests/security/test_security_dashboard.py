@@ -10,9 +10,8 @@ from html.parser import HTMLParser
 import httpx
 import pytest
 from api_support import RunningApi
-from conftest import AUTH, TOKEN
-from surfaces import endpoints
-from ui_support import csrf_of, logged_in_client
+from surfaces import AUTH, endpoints
+from ui_support import TOKEN, csrf_of, logged_in_client
 
 from pgqueue import JobState, Queue, WorkerRegistration
 from pgqueue.schedules import Schedule

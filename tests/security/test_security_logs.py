@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from conftest import AUTH, TOKEN
-from ui_support import csrf_of
+from surfaces import AUTH
+from ui_support import TOKEN, csrf_of
 
 WRONG = "wrong-secret-4242-do-not-log"
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from ui_support import (
     CHROMIUM,
-    CHROMIUM_FLAGS,
     TOKEN,
     ApiProcess,
     api_process,
+    chromium,
     screenshots_dir,
     worker_process,
 )
@@ -32,12 +32,8 @@ def browser() -> Iterator[Any]:
             "(apt-get install -y chromium; .ci/run installs it)",
             pytrace=False,
         )
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
-        yield chromium
-        chromium.close()
+    with chromium() as browser:
+        yield browser
 
 
 @pytest.fixture

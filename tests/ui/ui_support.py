@@ -38,6 +38,34 @@ PGQUEUE_API = Path(sys.executable).parent / "pgqueue-api"
 FAST_WORKER = ["--poll-interval", "0.2", "--heartbeat-seconds", "0.5", "--lease-seconds", "5"]
 
 
+# The one Chromium of this test process (see chromium): Playwright's sync API cannot
+# run twice at once in one thread, and two conftests hand the browser out.
+_chromium: dict[str, Any] = {}
+
+
+@contextmanager
+def chromium() -> Iterator[Any]:
+    """Headless Chromium from Debian's package, through Playwright: one per process,
+    shared by every fixture that asks (the dashboard's and the security suite's), and
+    closed when the last of them is done."""
+    if not _chromium:
+        from playwright.sync_api import sync_playwright
+
+        manager = sync_playwright()
+        playwright = manager.__enter__()
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_FLAGS)
+        _chromium.update(manager=manager, browser=browser, users=0)
+    _chromium["users"] += 1
+    try:
+        yield _chromium["browser"]
+    finally:
+        _chromium["users"] -= 1
+        if not _chromium["users"]:
+            _chromium["browser"].close()
+            _chromium["manager"].__exit__(None, None, None)
+            _chromium.clear()
+
+
 def screenshots_dir() -> Path:
     """Where the screenshots go: PGQUEUE_RESULTS_DIR/ui, else the repository's
     results/ui (the README shows those)."""

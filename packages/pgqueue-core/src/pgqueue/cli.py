@@ -529,7 +529,7 @@ dev.epilog = exit_status_help(
 main.add_command(dev)
 
 
-@click.group("roles")
+@click.group("roles", epilog=COMMAND_EXIT_STATUSES)
 def roles_group() -> None:
     """Least-privilege PostgreSQL roles for a schema (see docs/roles.md)."""
 

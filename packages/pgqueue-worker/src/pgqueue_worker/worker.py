@@ -321,6 +321,7 @@ class Worker:
             pruner = Pruner(
                 self.queue, self.retention, interval=self.prune_interval, health=self._health
             )
+        self._log_start()
         scheduler = None
         if self.schedules is not None or self.scheduler:
             scheduler = Scheduler(
@@ -338,7 +339,6 @@ class Worker:
                 wake=self._notified,
                 poll_interval=self.poll_interval,
             )
-        self._log_start()
         if pruner is not None:
             log.info(
                 "pruning finished jobs of every queue every %g s (one worker at a time): %s",
