@@ -16,8 +16,8 @@ starts, stamps that start on the database clock; the jobs table (through
   falls between that and the read just after; that round trip is reported too), so
   both figures err on the long side by at most that much.
 - **Concurrency limit**: 3 with 4 workers on 100 ms jobs; the most jobs running at
-  once, sampled every 10 ms from the queue's counts and computed from the jobs'
-  claim-to-finish intervals (a job claimed ahead of a free slot counts as running).
+  once, sampled every 10 ms from the queue's counts and computed from each job's
+  handler start to its finish (a job claimed ahead of a free slot counts as running).
 - **Rate limit**: 20 jobs/s with 2 workers; handler starts in the 10 s from the first.
 """
 
@@ -234,6 +234,12 @@ def run_concurrency_limit(
                     raise TimeoutError("the concurrency-limited jobs did not finish")
                 time.sleep(0.01)
         jobs = [job for job in observe.all_jobs(queue) if job.started_at is not None]
+        with psycopg.connect(url) as conn:
+            first_starts = dict(
+                conn.execute(
+                    statement_in(STATEMENTS, "first_starts", schema=sql.Identifier(schema))
+                ).fetchall()
+            )
     first = min(job.started_at for job in jobs)
     last = max(job.finished_at for job in jobs if job.finished_at is not None)
     seconds = (last - first).total_seconds()
@@ -246,7 +252,14 @@ def run_concurrency_limit(
         "job_ms": scenario.concurrency_job_ms,
         "samples": len(samples),
         "most_running_sampled": max(samples),
-        "most_running_from_jobs": most_at_once((j.started_at, j.finished_at) for j in jobs),
+        # From each handler's start to its job's finish: both within the time the job
+        # counts against the limit (from the claim's commit to the ack's), so these
+        # overlap no more than the limit allows. Not from started_at, the claim
+        # transaction's start, which comes before that claim waited for its turn on the
+        # queue's row, and so before the ack that made room for it.
+        "most_running_from_jobs": most_at_once(
+            (first_starts[j.id], j.finished_at) for j in jobs if j.id in first_starts
+        ),
         "seconds": seconds,
         "jobs_per_second": total / seconds if seconds else None,
         # At the limit, jobs of job_ms each finish at most this often.

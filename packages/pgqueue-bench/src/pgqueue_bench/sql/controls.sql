@@ -12,3 +12,9 @@ SELECT count(*) AS starts, min(delivered_at) AS first, max(delivered_at) AS last
 FROM {schema}.bench_deliveries
 WHERE delivered_at >= coalesce(%(after)s::timestamptz, '-infinity')
   AND delivered_at < coalesce(%(before)s::timestamptz, 'infinity');
+
+-- name: first_starts
+-- Each job's first handler start (its first delivery row), on the database clock.
+SELECT job_id, min(delivered_at) AS started
+FROM {schema}.bench_deliveries
+GROUP BY job_id;
