@@ -172,9 +172,9 @@ def enqueue(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def docs(session: nox.Session) -> None:
-    """Regenerate the README's results tables from results/*.json."""
+    """Regenerate results/README.md (from results/*.json) and docs/cli.md (from the commands)."""
     install_repo(session)
-    session.run("pgqueue", "bench", "report", "--readme", "README.md")
+    session.run("pgqueue", "bench", "report")
 
 
 @nox.session(python=PYTHON, default=False)

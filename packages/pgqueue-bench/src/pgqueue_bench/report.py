@@ -1,8 +1,10 @@
-"""Markdown tables of the results files, written into the README between markers.
+"""Markdown tables of the results files, and the command that keeps every generated
+part of the documentation current.
 
-The README's results section is generated, never typed: everything between
+The results page (``results/README.md``) is generated, never typed: everything between
 :data:`BEGIN_MARKER` and :data:`END_MARKER` is replaced by :func:`render`, which
-states the hardware each table ran on. The benchmarks' documents hold ``runs``; the
+states the hardware each table ran on. ``pgqueue bench report`` also writes the
+command-line reference (:mod:`pgqueue_bench.cli_reference`) into ``docs/cli.md``. The benchmarks' documents hold ``runs``; the
 fault scenarios' (``results/faults.json``) hold, per PostgreSQL major version, one entry
 per scenario.
 """
@@ -17,7 +19,7 @@ from typing import Any
 
 import click
 
-from pgqueue_bench import results
+from pgqueue_bench import cli_reference, results
 
 BEGIN_MARKER = "<!-- results:begin -->"
 END_MARKER = "<!-- results:end -->"
@@ -491,7 +493,7 @@ def faults_section(document: dict[str, Any]) -> list[str]:
         "first, which at-least-once allows; **recovery**: seconds on the database clock "
         "from the fault's removal to the first finished job; **pause**: the longest gap "
         "between two finished jobs. What each row means: "
-        "[docs/failure-modes.md](docs/failure-modes.md).",
+        "[docs/failure-modes.md](../docs/failure-modes.md).",
         "",
         *_table(header, rows),
         "",
@@ -727,40 +729,60 @@ def render(directory: Path | str | None = None) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def replace_between_markers(text: str, generated: str) -> str:
+def replace_between_markers(
+    text: str, generated: str, begin: str = BEGIN_MARKER, end: str = END_MARKER
+) -> str:
     """``text`` with everything between the markers replaced by ``generated``."""
-    start = text.find(BEGIN_MARKER)
-    end = text.find(END_MARKER)
-    if start < 0 or end < start:
-        raise click.ClickException(
-            f"the README needs the markers {BEGIN_MARKER} and {END_MARKER}, in that order"
-        )
-    return text[: start + len(BEGIN_MARKER)] + "\n" + generated + text[end:]
+    start = text.find(begin)
+    stop = text.find(end)
+    if start < 0 or stop < start:
+        raise click.ClickException(f"the page needs the markers {begin} and {end}, in that order")
+    return text[: start + len(begin)] + "\n" + generated + text[stop:]
 
 
 @click.command("report")
 @click.option(
-    "--readme",
+    "--results-page",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Rewrite this file between the results markers (default: print the tables).",
+    default=Path("results/README.md"),
+    show_default=True,
+    help="The page whose results markers get the results tables.",
 )
-@click.option("--check", is_flag=True, help="Only check that --readme is up to date.")
+@click.option(
+    "--cli-page",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=Path("docs/cli.md"),
+    show_default=True,
+    help="The page whose cli markers get the command-line reference.",
+)
+@click.option("--check", is_flag=True, help="Only check that both pages are up to date.")
 @click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
-def report_command(readme: Path | None, check: bool, results_dir: str | None) -> None:
-    """Render the README's results tables from results/*.json."""
-    generated = render(results_dir)
-    if readme is None:
-        click.echo(generated, nl=False)
-        return
-    current = readme.read_text()
-    updated = replace_between_markers(current, generated)
-    if check:
-        if updated != current:
-            raise click.ClickException(f"{readme} is out of date: run `pgqueue bench report`")
-        click.echo(f"{readme} is up to date")
-        return
-    if updated != current:
-        readme.write_text(updated)
-        click.echo(f"updated {readme}")
-    else:
-        click.echo(f"{readme} already up to date")
+def report_command(
+    results_page: Path, cli_page: Path, check: bool, results_dir: str | None
+) -> None:
+    """Regenerate the documentation's generated parts: the results tables, from
+    results/*.json, and the command-line reference, from the commands themselves.
+    Run it from the repository's root."""
+    pages = [
+        (results_page, render(results_dir), BEGIN_MARKER, END_MARKER),
+        (cli_page, cli_reference.render(), cli_reference.BEGIN_MARKER, cli_reference.END_MARKER),
+    ]
+    stale = []
+    for page, generated, begin, end in pages:
+        if not page.is_file():
+            raise click.ClickException(
+                f"{page} does not exist: run this from the repository's root"
+            )
+        current = page.read_text()
+        updated = replace_between_markers(current, generated, begin, end)
+        if updated == current:
+            click.echo(f"{page} is up to date")
+        elif check:
+            stale.append(str(page))
+        else:
+            page.write_text(updated)
+            click.echo(f"updated {page}")
+    if stale:
+        raise click.ClickException(
+            f"{', '.join(stale)} out of date: run `pgqueue bench report` (nox -s docs)"
+        )

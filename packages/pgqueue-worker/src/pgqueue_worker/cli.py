@@ -48,7 +48,7 @@ from pgqueue_worker.worker import (
 
 log = logging.getLogger("pgqueue.worker")
 
-# Exit statuses of `pgqueue worker`, as its --help and the README list them. A second
+# Exit statuses of `pgqueue worker`, as its --help and docs/cli.md list them. A second
 # SIGTERM or SIGINT exits with 128 + the signal's number (see signals.py), as a shell
 # reports a process the signal killed.
 EXIT_CLEAN = 0

@@ -61,8 +61,8 @@ DEFAULT_CONCURRENCY = 32
 # Coroutine handlers hold no thread while they await, so they get slots of their own,
 # many more. A worker process runs at most about 10k short async jobs/s, and at most
 # slots / await time: 1,000 slots keep handlers that await up to about 0.1 s near that
-# ceiling, without one worker holding far more leases than it can use (the README's
-# design section has the measurements).
+# ceiling, without one worker holding far more leases than it can use (docs/design.md,
+# "Async handlers have slots of their own", has the measurements).
 DEFAULT_ASYNC_CONCURRENCY = 1000
 # Jobs claimed ahead of free slots, at most (see Worker._claim_limit).
 DEFAULT_PREFETCH = 512
