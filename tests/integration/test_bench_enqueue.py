@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgqueue_bench import enqueue
+from pgqueue_bench import enqueue, enqueue_outcome, enqueue_peers, enqueue_producers
 
 pytestmark = pytest.mark.slow
 
@@ -32,7 +32,7 @@ HTTP = ("http-jobs", "http-batch")
 def _peer_pythons() -> dict[str, str]:
     """The peers' virtualenvs that ``nox -s peer-<name>`` left in this checkout."""
     found = {}
-    for peer in enqueue.PEERS:
+    for peer in enqueue_peers.PEERS:
         python = REPO / ".nox" / f"peer-{peer}" / "bin" / "python"
         if python.exists():
             found[peer] = str(python)
@@ -65,7 +65,7 @@ def test_a_quick_run_measures_every_case_it_can_and_verifies_each(
     else:
         for case in HTTP:
             assert f"skipping {case}: wrk is not installed" in done.stdout
-    for peer in enqueue.PEERS:
+    for peer in enqueue_peers.PEERS:
         cases = (f"{peer}-single", f"{peer}-batch")
         if peer in peers:
             expected += cases
@@ -97,14 +97,14 @@ def test_a_quick_run_measures_every_case_it_can_and_verifies_each(
 def test_rows_that_never_arrived_void_the_run(database_url: str) -> None:
     """A producer whose inserts are rolled back still counts its calls; the row count
     afterwards must say the run is not to be believed."""
-    with enqueue.plain_table(database_url) as schema:
+    with enqueue_producers.plain_table(database_url) as schema:
         with psycopg.connect(database_url) as conn:  # not autocommit: nothing commits
-            timing = enqueue.run_producers(
-                [enqueue._raw_insert(conn, schema, 1)], seconds=0.2, warmup=0.0
+            timing = enqueue_producers.run_producers(
+                [enqueue_producers._raw_insert(conn, schema, 1)], seconds=0.2, warmup=0.0
             )
             conn.rollback()
-        stored = enqueue.count_rows(database_url, sql.Identifier(schema, "plain_jobs"))
-        run = enqueue.outcome(timing, stored)
+        stored = enqueue_outcome.count_rows(database_url, sql.Identifier(schema, "plain_jobs"))
+        run = enqueue_outcome.outcome(timing, stored)
 
     assert timing.jobs > 0
     assert stored == 0
@@ -117,7 +117,10 @@ def test_rows_that_never_arrived_void_the_run(database_url: str) -> None:
 def test_the_plain_table_has_the_active_jobs_columns_and_indexes_but_no_triggers(
     database_url: str,
 ) -> None:
-    with enqueue.plain_table(database_url) as schema, psycopg.connect(database_url) as conn:
+    with (
+        enqueue_producers.plain_table(database_url) as schema,
+        psycopg.connect(database_url) as conn,
+    ):
 
         def shape(table: str) -> tuple[list, int, int]:
             columns = conn.execute(

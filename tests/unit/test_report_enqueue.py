@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pgqueue_bench import enqueue, report
+from pgqueue_bench import enqueue, enqueue_settings, enqueue_summary, report
 
 
 def _run(case: str, rate: float, *, verified: bool = True, **extra: Any) -> dict[str, Any]:
@@ -45,7 +45,7 @@ SKIPPED = {"procrastinate-single": "no --peer procrastinate=PYTHON given"}
 
 
 def _document() -> dict[str, Any]:
-    settings = enqueue.Settings()
+    settings = enqueue_settings.Settings()
     chosen = ("raw-insert-1", "enqueue-1", "pgqueuer-single", "http-jobs", "procrastinate-single")
     return {
         "benchmark": "enqueue",
@@ -61,7 +61,7 @@ def _document() -> dict[str, Any]:
             "cases": {c.name: c.label(settings) for c in enqueue.CASES if c.name in chosen},
         },
         "runs": RUNS,
-        "summary": enqueue.summarize(RUNS, SKIPPED),
+        "summary": enqueue_summary.summarize(RUNS, SKIPPED),
     }
 
 
@@ -76,7 +76,7 @@ def _rows(lines: list[str]) -> dict[str, list[str]]:
 
 
 def test_the_summary_takes_medians_of_verified_runs_only() -> None:
-    summary = enqueue.summarize(RUNS, SKIPPED)
+    summary = enqueue_summary.summarize(RUNS, SKIPPED)
 
     assert summary["cases"]["enqueue-1"]["jobs_per_second"] == {
         "median": 3000.0,

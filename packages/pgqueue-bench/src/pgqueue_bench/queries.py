@@ -51,3 +51,9 @@ def statement_in(filename: str, name: str, /, **parts: sql.Composable) -> sql.Co
 def schema_statement(name: str, schema: str) -> sql.Composed:
     """The statement called ``name`` for the tables of ``schema``."""
     return statement(name, schema=sql.Identifier(schema))
+
+
+def schema_statement_in(filename: str, name: str, schema: str) -> sql.Composed:
+    """The statement called ``name`` in ``sql/<filename>``, for the tables of ``schema``:
+    :func:`schema_statement` for a driver with statements of its own."""
+    return statement_in(filename, name, schema=sql.Identifier(schema))

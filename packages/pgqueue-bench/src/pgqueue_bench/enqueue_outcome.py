@@ -1,0 +1,54 @@
+"""What a timed run of the enqueue driver counted (:class:`Timing`), and the check that
+turns it into the run's figures: the table must hold the jobs counted
+(:func:`outcome`, from :func:`count_rows`), so that a broken run is never reported as
+a fast one. Every kind of case ends here: producers in threads, wrk over HTTP, a
+peer's own process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from pgqueue_bench.enqueue_settings import STATEMENTS
+from pgqueue_bench.queries import statement_in
+
+
+@dataclass
+class Timing:
+    """What a timed run of producers counted."""
+
+    jobs: int
+    calls: int
+    seconds: float
+    warmup_jobs: int
+
+
+def count_rows(url: str, table: sql.Identifier) -> int:
+    """Rows in ``table`` now."""
+    with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+        query = statement_in(STATEMENTS, "rows_count", table=table)
+        return conn.execute(query).fetchone()[0]
+
+
+def outcome(timing: Timing, stored: int, *, extra_allowed: int = 0) -> dict[str, Any]:
+    """A run's figures, verified: the table holds the jobs counted (warm-up included),
+    or at most ``extra_allowed`` more (sent but unanswered when the load stopped)."""
+    counted = timing.warmup_jobs + timing.jobs
+    problems = []
+    if not counted <= stored <= counted + extra_allowed:
+        allowance = f" (+{extra_allowed} in flight)" if extra_allowed else ""
+        problems.append(f"counted {counted}{allowance} jobs, the table holds {stored}")
+    return {
+        "jobs": timing.jobs,
+        "calls": timing.calls,
+        "seconds": round(timing.seconds, 3),
+        "jobs_per_second": timing.jobs / timing.seconds if timing.seconds > 0 else None,
+        "warmup_jobs": timing.warmup_jobs,
+        "rows_stored": stored,
+        "verified": not problems,
+        "problems": problems,
+    }
