@@ -87,10 +87,6 @@ from pgqueue_bench.scale_scenario import (
     THROUGHPUT_TOLERANCE,
     Scenario,
 )
-
-# Not used here: `pgqueue bench ui` imports its history's queues from this module, as it
-# imports QUEUE_NAME, HistoryWindow, load_history and _private_target.
-from pgqueue_bench.scale_scenario import OTHER_QUEUES as OTHER_QUEUES
 from pgqueue_bench.scale_soak import run_soak
 from pgqueue_bench.scale_summary import summarize_sizes
 from pgqueue_bench.servers import PrivateServer, binaries_for
@@ -174,10 +170,11 @@ def run_sizes(
 # -- the command ------------------------------------------------------------------------
 
 
-def _private_target(
+def private_target(
     like_url: str | None, extra_settings: dict[str, str]
 ) -> tuple[database.Target, PrivateServer]:
-    """A private cluster for this command, destroyed when the command ends."""
+    """A private cluster for the running command (scale, or ui, which loads the same
+    history), destroyed when the command ends."""
     chosen = {**PRIVATE_SERVER_SETTINGS, **extra_settings}
     server = PrivateServer(binaries_for(like_url), settings=chosen)
     server.create()
@@ -282,7 +279,7 @@ def scale_command(
     if database_url:
         target = database.Target(database_url, "given with --database-url")
     else:
-        target, server = _private_target(None, dict(server_settings))
+        target, server = private_target(None, dict(server_settings))
         postmaster = server.postmaster_pid()
         if postmaster is not None:
             server_cpu = functools.partial(postgres_cpu_seconds, postmaster)

@@ -2,7 +2,7 @@
 finished jobs kept.
 
 A fresh schema gets ``--finished`` finished jobs (5M by default), loaded as ``pgqueue
-bench scale`` loads its history (:func:`pgqueue_bench.scale.load_history`: COPY into
+bench scale`` loads its history (:func:`pgqueue_bench.scale_history.load_history`: COPY into
 the day partitions, counted, frozen), but finishing at ``--finished-per-second`` up to
 now, so that the last hour, which the queues page's chart reads, holds as many jobs as
 a queue that busy leaves there. Then, as a live system has them: ``--queued`` queued
@@ -40,13 +40,9 @@ from pgqueue_bench import database, environment, handlers, results
 from pgqueue_bench.apiserver import api_process
 from pgqueue_bench.latency import percentiles
 from pgqueue_bench.progress import LiveLine
-from pgqueue_bench.scale import (
-    OTHER_QUEUES,
-    QUEUE_NAME,
-    HistoryWindow,
-    _private_target,
-    load_history,
-)
+from pgqueue_bench.scale import private_target
+from pgqueue_bench.scale_history import HistoryWindow, load_history
+from pgqueue_bench.scale_scenario import OTHER_QUEUES, QUEUE_NAME
 
 BUDGET_MS = 100.0
 """Every page's p99 should stay under this with 5M finished jobs kept."""
@@ -310,7 +306,7 @@ def ui_command(
     if database_url:
         target = database.Target(database_url, "given with --database-url")
     else:
-        target, _ = _private_target(None, {})
+        target, _ = private_target(None, {})
     with LiveLine() as progress, database.run_schema(target.url, "ui") as schema:
         loaded, history = load(target.url, schema, scenario, progress)
         progress.log(
