@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from importlib import metadata
+from typing import Any, TypedDict
 
 import anyio.to_thread
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, params
 
 from pgqueue import Queue
 from pgqueue_api.auth import BEARER_SCHEME, BearerAuthMiddleware
@@ -36,6 +37,13 @@ job queue on PostgreSQL. Workers run the jobs.
 Errors are JSON: `{"detail": "...", "errors": [{"field": "...", "message": "..."}]}`.
 A 503 carries `Retry-After`.
 """
+
+
+class RouterOptions(TypedDict, total=False):
+    """What ``FastAPI.include_router`` is given for the routers behind the token."""
+
+    dependencies: Sequence[params.Depends]
+    responses: dict[int | str, dict[str, Any]]
 
 
 def create_app(settings: ApiSettings, *, queue: Queue | None = None) -> FastAPI:
@@ -85,7 +93,7 @@ def create_app(settings: ApiSettings, *, queue: Queue | None = None) -> FastAPI:
     if queue is not None:
         _attach(app, queue)
 
-    protected = {
+    protected: RouterOptions = {
         "dependencies": [Depends(BEARER_SCHEME)] if settings.auth_required else [],
         "responses": (
             {401: {"model": ErrorResponse, "description": "A valid bearer token is required."}}

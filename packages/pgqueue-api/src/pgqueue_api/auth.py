@@ -8,7 +8,7 @@ malformed JSON (422) instead of being told to authenticate (401).
 from __future__ import annotations
 
 import hmac
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 
 from fastapi.security import HTTPBearer
 from starlette.responses import Response
@@ -76,7 +76,8 @@ class BearerAuthMiddleware:
 
 
 def _bearer_token(scope: Scope) -> bytes | None:
-    for name, value in scope.get("headers", ()):
+    headers: Iterable[tuple[bytes, bytes]] = scope.get("headers", ())
+    for name, value in headers:
         if name == b"authorization":
             scheme, _, token = value.partition(b" ")
             if scheme.lower() == b"bearer" and token.strip():

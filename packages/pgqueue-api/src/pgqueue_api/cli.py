@@ -15,8 +15,9 @@ from __future__ import annotations
 import os
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import psycopg
@@ -56,7 +57,10 @@ EXIT_STATUSES = exit_status_help(
 )
 
 
-def _option(*names: str, envvar: str | list[str], **kwargs: Any) -> Any:
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def _option(*names: str, envvar: str | list[str], **kwargs: Any) -> Callable[[_Command], _Command]:
     """An option that can also come from ``envvar`` (shown in --help)."""
     return click.option(*names, envvar=envvar, show_envvar=True, **kwargs)
 

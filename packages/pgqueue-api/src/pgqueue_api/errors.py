@@ -225,9 +225,10 @@ async def _database_unavailable(request: Request, exc: Exception) -> Response:
     # Clients get a generic answer; the reason (hosts, ports) stays in the server's log.
     warn_unavailable(f"answering 503: {exc}")
     response = unavailable_response()
-    queue = getattr(request.app.state, "queue", None)
+    queue: Queue | None = getattr(request.app.state, "queue", None)
     if queue is not None:
-        response.background = request.app.state.pool_repair.task(queue)
+        repair: _PoolRepair = request.app.state.pool_repair
+        response.background = repair.task(queue)
     return response
 
 

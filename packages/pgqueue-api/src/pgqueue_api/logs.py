@@ -17,7 +17,7 @@ import re
 import uuid
 from collections.abc import Mapping
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 import uvicorn.config
 from starlette.responses import JSONResponse
@@ -33,9 +33,17 @@ _HEADER_KEY = REQUEST_ID_HEADER.lower().encode("latin-1")
 # Visible ASCII without spaces: an id that goes into log lines and headers as it is.
 _USABLE_REQUEST_ID = re.compile(rb"[\x21-\x7e]{1,128}")
 
-# The fields of the request being served. A dict, shared by reference: a route that
-# runs in the thread pool (with a copy of this context) adds its job id to the same one.
-_request: ContextVar[dict[str, Any] | None] = ContextVar("pgqueue_api_request", default=None)
+
+class RequestFields(TypedDict):
+    """The fields of the request being served, on every line logged while it is."""
+
+    request_id: str
+    job_id: NotRequired[int]
+
+
+# A dict, shared by reference: a route that runs in the thread pool (with a copy of this
+# context) adds its job id to the same one.
+_request: ContextVar[RequestFields | None] = ContextVar("pgqueue_api_request", default=None)
 
 
 def request_id() -> str | None:
@@ -97,10 +105,10 @@ class RequestIdMiddleware:
             _request.reset(token)
 
 
-def context_fields(record: logging.LogRecord) -> Mapping[str, Any]:
+def context_fields(record: logging.LogRecord) -> Mapping[str, object]:
     """A record's request fields: the request's id and job id, and for uvicorn's access
     line the request's method, path, status and client."""
-    fields: dict[str, Any] = dict(_request.get() or {})
+    fields: dict[str, object] = dict(_request.get() or {})
     if record.name == "uvicorn.access" and isinstance(record.args, tuple) and len(record.args) == 5:
         client, method, path, _, status = record.args
         fields.update(method=method, path=path, status=status, client=client)

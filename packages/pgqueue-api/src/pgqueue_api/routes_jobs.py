@@ -39,6 +39,7 @@ from pgqueue_api.schemas import (
     TOO_LARGE,
     UNAVAILABLE,
     BatchCreated,
+    BatchJobCreate,
     EarlierItem,
     ErrorResponse,
     JobBatchCreate,
@@ -54,7 +55,8 @@ from pgqueue_api.unserved import refuse_unserved
 
 async def current_queue(request: Request) -> Queue:
     """The app's Queue (``async`` so FastAPI does not spend a thread on it)."""
-    return request.app.state.queue
+    queue: Queue = request.app.state.queue
+    return queue
 
 
 QueueDep = Annotated[Queue, Depends(current_queue)]
@@ -117,7 +119,7 @@ def queue_links(pointer: str) -> dict[str, dict[str, Any]]:
     }
 
 
-def job_spec(job: JobCreate) -> JobSpec:
+def job_spec(job: JobCreate | BatchJobCreate) -> JobSpec:
     """The core's JobSpec for a request's job; raises pgqueue.ValidationError naming the
     field for what the request schema cannot express (NUL characters, delay and run_at).
     A batch item's ``{"index": N}`` dependency becomes ``pgqueue.BatchItem(N)``."""
@@ -187,7 +189,7 @@ async def enqueue_job(job: JobCreate, queue: QueueDep, request: Request) -> Resp
     With `depends_on`, the job is `waiting` until those jobs have succeeded (`queued`
     at once if they already have), and `cancelled` if one of them ends dead or
     cancelled; ids that are no job are refused with 422 naming them."""
-    reject = request.app.state.settings.reject_unserved_tasks
+    reject: bool = request.app.state.settings.reject_unserved_tasks
     return await run_in_threadpool(_enqueue_one, queue, job, reject)
 
 
@@ -229,7 +231,7 @@ async def enqueue_jobs(batch: JobBatchCreate, queue: QueueDep, request: Request)
     An item's `depends_on` may name the job of an earlier item of the batch as
     `{"index": N}`; an index that is not an earlier item, or ids that are no job, make
     the answer 422, and nothing is enqueued."""
-    reject = request.app.state.settings.reject_unserved_tasks
+    reject: bool = request.app.state.settings.reject_unserved_tasks
     return await run_in_threadpool(_enqueue_many, queue, batch, reject)
 
 

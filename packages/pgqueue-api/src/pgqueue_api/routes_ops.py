@@ -9,9 +9,10 @@ from __future__ import annotations
 import anyio
 import anyio.to_thread
 from fastapi import APIRouter, Request, Response
+from prometheus_client import CollectorRegistry
 from starlette.concurrency import run_in_threadpool
 
-from pgqueue import DatabaseUnavailable
+from pgqueue import DatabaseUnavailable, Queue, QueueStats
 from pgqueue_api.errors import RETRY_AFTER_SECONDS, warn_unavailable
 from pgqueue_api.metrics import CONTENT_TYPE, render
 from pgqueue_api.routes_jobs import QueueDep, queue_links
@@ -37,7 +38,7 @@ async def list_queues(queue: QueueDep) -> QueueList:
     """Every queue that holds jobs or settings: how many jobs are in each state, how long
     the oldest job that could run now has waited, whether it is paused, its limits, and
     its queued jobs per task that no live worker serves."""
-    stats = await run_in_threadpool(queue.stats)
+    stats: list[QueueStats] = await run_in_threadpool(queue.stats)
     return QueueList(queues=[QueueSummary.from_stats(queue_stats) for queue_stats in stats])
 
 
@@ -60,7 +61,8 @@ async def metrics(request: Request) -> Response:
     times, all read from one database snapshot; then, from the worker registry,
     `pgqueue_unserved_jobs{queue,task}` (queued jobs whose task no live worker serves in
     their queue) and `pgqueue_workers{queue}` (live workers serving each queue)."""
-    text = await run_in_threadpool(render, request.app.state.metrics_registry)
+    registry: CollectorRegistry = request.app.state.metrics_registry
+    text = await run_in_threadpool(render, registry)
     return Response(text, media_type=CONTENT_TYPE)
 
 
@@ -76,14 +78,16 @@ async def healthz(request: Request) -> Response | Health:
     timeout: float = state.settings.health_timeout
     if getattr(state, "health_limiter", None) is None:
         state.health_limiter = anyio.CapacityLimiter(HEALTH_CHECKS_AT_ONCE)
+    queue: Queue = state.queue
+    limiter: anyio.CapacityLimiter = state.health_limiter
     try:
         with anyio.fail_after(timeout):
             # An abandoned check finishes on its own: connecting gives up after the timeout.
             await anyio.to_thread.run_sync(
-                state.queue.ping,
+                queue.ping,
                 timeout,
                 abandon_on_cancel=True,
-                limiter=state.health_limiter,
+                limiter=limiter,
             )
     except (DatabaseUnavailable, TimeoutError) as exc:
         reason = str(exc) or f"no answer within {timeout:g} s"

@@ -7,7 +7,8 @@ holds for every worker from its next claim on: a pause within a second, and a re
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, ParamSpec
 
 from fastapi import APIRouter, Path, Response
 from pydantic import Field, StrictBool, StrictFloat, StrictInt
@@ -84,9 +85,14 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
 }
 
 
-def _answer(change: Any, *args: Any, **kwargs: Any) -> Response:
+_Change = ParamSpec("_Change")
+
+
+def _answer(
+    change: Callable[_Change, QueueInfo], *args: _Change.args, **kwargs: _Change.kwargs
+) -> Response:
     try:
-        info: QueueInfo = change(*args, **kwargs)
+        info = change(*args, **kwargs)
     except QueueNotFound as exc:
         return error_response(404, str(exc))
     return json_response(info.to_dict())

@@ -64,8 +64,8 @@ class _Response(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class JobCreate(_Request):
-    """A job to enqueue."""
+class _JobFields(_Request):
+    """What a job to enqueue has, both alone and in a batch, but its dependencies."""
 
     task: Name = Field(description=f"Name of the task a worker runs for this job: {NAME_RULES}.")
     payload: dict[str, Any] = Field(
@@ -128,16 +128,6 @@ class JobCreate(_Request):
         le=validation.MAX_SECONDS,
         description="Time limit of one attempt, in seconds; none by default.",
     )
-    depends_on: list[JobIdValue] = Field(
-        default_factory=list,
-        max_length=MAX_DEPENDENCIES,
-        description=(
-            "Ids of jobs that must succeed before this one runs: until then it is "
-            "`waiting` (`queued` at once if they all have already succeeded). If one of "
-            "them ends dead or cancelled, this job is cancelled too. Ids that are no job "
-            "are refused with 422 naming them, and nothing is enqueued."
-        ),
-    )
 
     @field_validator("run_at", mode="before")
     @classmethod
@@ -153,6 +143,21 @@ class JobCreate(_Request):
         if value is not None and not RUN_AT_MIN <= value < RUN_AT_MAX:
             raise ValueError("must be between 1970-01-01 and 9999-01-01")
         return value
+
+
+class JobCreate(_JobFields):
+    """A job to enqueue."""
+
+    depends_on: list[JobIdValue] = Field(
+        default_factory=list,
+        max_length=MAX_DEPENDENCIES,
+        description=(
+            "Ids of jobs that must succeed before this one runs: until then it is "
+            "`waiting` (`queued` at once if they all have already succeeded). If one of "
+            "them ends dead or cancelled, this job is cancelled too. Ids that are no job "
+            "are refused with 422 naming them, and nothing is enqueued."
+        ),
+    )
 
 
 class JobFilter(_Request):
@@ -200,10 +205,10 @@ def _dependency_shape(value: Any) -> Any:
 Dependency = Annotated[JobIdValue | EarlierItem, BeforeValidator(_dependency_shape)]
 
 
-class BatchJobCreate(JobCreate):
+class BatchJobCreate(_JobFields):
     """A job to enqueue in a batch."""
 
-    depends_on: list[Dependency] = Field(  # type: ignore[assignment]
+    depends_on: list[Dependency] = Field(
         default_factory=list,
         max_length=MAX_DEPENDENCIES,
         description=(

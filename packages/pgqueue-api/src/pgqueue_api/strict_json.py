@@ -13,7 +13,7 @@ import json
 import math
 import re
 from collections.abc import Callable, Coroutine
-from typing import Any
+from typing import Any, NoReturn
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
@@ -48,7 +48,7 @@ def parse_strict_json(body: bytes) -> Any:
     return value
 
 
-def _refuse_constant(name: str) -> Any:
+def _refuse_constant(name: str) -> NoReturn:
     raise _NotJSON(f"{name} is not a JSON number")
 
 

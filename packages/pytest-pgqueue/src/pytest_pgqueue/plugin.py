@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Callable, Collection, Iterator, Mapping
-from typing import Any
+from collections.abc import Collection, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
 import pytest
@@ -38,6 +38,9 @@ from pgqueue import (
     get_plugin_manager,
     migrate,
 )
+
+if TYPE_CHECKING:
+    from pgqueue_worker.handlers import HandlerLike
 
 
 def _process_tag(config: pytest.Config) -> str:
@@ -89,7 +92,20 @@ def pgqueue_queue(pgqueue_database_url: str, pgqueue_schema: str) -> Iterator[Qu
         queue.close()
 
 
-RunJobs = Callable[..., list[Job]]
+class RunJobs(Protocol):
+    """What ``pgqueue_run_jobs`` gives a test: see the fixture."""
+
+    def __call__(
+        self,
+        handlers: Mapping[str, HandlerLike] | None = None,
+        *,
+        queues: Collection[str] = ...,
+        plugins: bool = ...,
+        retry_base: float = ...,
+        retry_cap: float = ...,
+        wait_for_retries: float = ...,
+        **options: Any,
+    ) -> list[Job]: ...
 
 
 @pytest.fixture
@@ -108,7 +124,7 @@ def pgqueue_run_jobs(pgqueue_queue: Queue) -> RunJobs:
     from pgqueue_worker import Worker, as_task_handlers, merge_handlers
 
     def run_jobs(
-        handlers: Mapping[str, Callable[..., Any]] | None = None,
+        handlers: Mapping[str, HandlerLike] | None = None,
         *,
         queues: Collection[str] = ("default",),
         plugins: bool = True,

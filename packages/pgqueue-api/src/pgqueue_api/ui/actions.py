@@ -5,7 +5,7 @@ token, answered with a redirect to the page to show next (post/redirect/get)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeGuard
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Depends, Path, Request
@@ -15,6 +15,7 @@ from starlette.responses import RedirectResponse, Response
 
 from pgqueue import InvalidTransition, Job, JobNotFound, Queue
 from pgqueue_api.schemas import JOB_ID_MAX
+from pgqueue_api.settings import ApiSettings
 from pgqueue_api.ui import security
 from pgqueue_api.ui.common import queue_of, render, require_session
 
@@ -56,7 +57,8 @@ def _safe_next(target: str | None) -> str:
 @router.get("/ui/login")
 async def login_page(request: Request, next: str | None = None) -> Response:
     """The login form (with no tokens configured there is nothing to log in to)."""
-    if not request.app.state.settings.auth_required:
+    settings: ApiSettings = request.app.state.settings
+    if not settings.auth_required:
         return RedirectResponse("/ui", status_code=303)
     return render(request, "login.html", next=_safe_next(next), error=None)
 
@@ -64,7 +66,7 @@ async def login_page(request: Request, next: str | None = None) -> Response:
 @router.post("/ui/login")
 async def login(request: Request, form: Annotated[FormData, Depends(checked_form)]) -> Response:
     """Check the token given and open a session."""
-    settings = request.app.state.settings
+    settings: ApiSettings = request.app.state.settings
     target = _safe_next(str(form.get("next") or ""))
     if not settings.auth_required:
         return RedirectResponse("/ui", status_code=303)
@@ -84,6 +86,10 @@ async def logout(request: Request, form: Annotated[FormData, Depends(checked_for
     response = RedirectResponse("/ui/login", status_code=303)
     security.clear_session(request, response)
     return response
+
+
+def _is_verb(value: object) -> TypeGuard[Verb]:
+    return value in DONE
 
 
 def _act(queue: Queue, verb: Verb) -> Callable[[int], Job]:
@@ -113,13 +119,13 @@ async def bulk_action(
     """Cancel or retry the selected jobs; those in a state that does not allow it are
     counted as skipped. Then back to the list as it was."""
     verb = form.get("action")
-    if verb not in DONE:
+    if not _is_verb(verb):
         return Response("action must be cancel or retry", status_code=422)
     ids = []
     for value in form.getlist("job_id")[:BULK_MAX]:
         if isinstance(value, str) and value.isdigit() and 1 <= int(value) <= JOB_ID_MAX:
             ids.append(int(value))
-    act = _act(queue_of(request), verb)  # type: ignore[arg-type]
+    act = _act(queue_of(request), verb)
 
     def run() -> tuple[int, int]:
         done = 0
@@ -133,9 +139,9 @@ async def bulk_action(
 
     done, skipped = await run_in_threadpool(run)
     back = {
-        name: value
+        name: field
         for name in ("queue", "task", "state", "after")
-        if isinstance(value := form.get(name), str) and value
+        if isinstance(field := form.get(name), str) and field
     }
     back.update(bulk=verb, done=str(done), skipped=str(skipped))
     return RedirectResponse(f"/ui/jobs?{urlencode(back)}", status_code=303)

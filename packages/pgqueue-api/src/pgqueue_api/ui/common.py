@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 from urllib.parse import quote
 
 import jinja2
@@ -12,6 +11,7 @@ from starlette.responses import RedirectResponse, Response
 from starlette.templating import Jinja2Templates
 
 from pgqueue import JobState, Queue
+from pgqueue_api.settings import ApiSettings
 from pgqueue_api.ui import security, views
 
 HERE = Path(__file__).parent
@@ -52,7 +52,7 @@ def queue_controls() -> dict[str, bool]:
 def require_session(request: Request) -> None:
     """Dependency of every dashboard route but the login page: with API tokens
     configured, a valid session cookie is required."""
-    settings = request.app.state.settings
+    settings: ApiSettings = request.app.state.settings
     if not settings.auth_required:
         return
     if security.valid_session(request.cookies.get(security.SESSION_COOKIE), settings.tokens):
@@ -77,9 +77,9 @@ def login_required_response(request: Request, exc: Exception) -> Response:
     return RedirectResponse(login, status_code=303)
 
 
-def render(request: Request, template: str, status_code: int = 200, **context: Any) -> Response:
+def render(request: Request, template: str, status_code: int = 200, **context: object) -> Response:
     """``template`` with ``context`` and what every page needs."""
-    settings = request.app.state.settings
+    settings: ApiSettings = request.app.state.settings
     response = TEMPLATES.TemplateResponse(
         request,
         template,
@@ -98,4 +98,5 @@ def render(request: Request, template: str, status_code: int = 200, **context: A
 
 def queue_of(request: Request) -> Queue:
     """The app's Queue."""
-    return request.app.state.queue
+    queue: Queue = request.app.state.queue
+    return queue

@@ -14,9 +14,9 @@ import math
 import threading
 import time
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from pgqueue import Queue
+from pgqueue.queue import FinishedMinute
 
 MIN_READ_SECONDS = 1.5
 
@@ -27,10 +27,10 @@ class FinishedHistory:
     def __init__(self, minutes: int) -> None:
         self.minutes = minutes
         self._lock = threading.Lock()
-        self._rows: dict[tuple[str, str, datetime], Any] = {}
+        self._rows: dict[tuple[str, str, datetime], FinishedMinute] = {}
         self._read_at: float | None = None
 
-    def rows(self, queue: Queue) -> list[Any]:
+    def rows(self, queue: Queue) -> list[FinishedMinute]:
         """The rows of the last ``minutes`` minutes, from memory and a short read."""
         with self._lock:
             now = time.monotonic()
@@ -43,7 +43,7 @@ class FinishedHistory:
                 # finished late in a minute may have committed after that read.
                 elapsed = math.ceil((now - self._read_at) / 60)
                 minutes = min(self.minutes, elapsed + 1)
-            recent = queue.finished_per_minute(minutes)
+            recent: list[FinishedMinute] = queue.finished_per_minute(minutes)
             self._read_at = now
             # The minutes read replace what was kept of them: from the first of them on
             # this process's clock or the database's, whichever is earlier.

@@ -5,17 +5,19 @@
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal, TypedDict
 
 from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import RedirectResponse, Response
 
-from pgqueue import JobNotFound, Queue, ValidationError
-from pgqueue.queue import JobPage
+from pgqueue import Job, JobDependencies, JobNotFound, Queue, ValidationError, WorkerInfo
+from pgqueue.queue import JobPage, QueueStats
+from pgqueue.schedules import ScheduleInfo
 from pgqueue_api.schemas import JOB_ID_MAX
 from pgqueue_api.ui import views
 from pgqueue_api.ui.common import queue_controls, queue_of, render, require_session
+from pgqueue_api.ui.finished import FinishedHistory
 
 PAGE_SIZE = 50
 TASK_SCAN_IDS = 20_000
@@ -25,11 +27,43 @@ JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX)]
 router = APIRouter(include_in_schema=False, dependencies=[Depends(require_session)])
 
 
-def queues_context(request: Request) -> dict[str, Any]:
+class QueuesContext(TypedDict):
+    """What the queues page and its fragment show."""
+
+    queues: list[QueueStats]
+    charts: dict[str, views.Chart]
+    empty_chart: views.Chart
+
+
+class JobContext(TypedDict):
+    """What a job's page and its fragment show."""
+
+    job: Job
+    dependencies: JobDependencies
+    events: list[views.Event]
+    payload: views.ShownJson
+    result: views.ShownJson | None
+    errors_json: views.ShownJson | None
+
+
+class WorkersContext(TypedDict):
+    """What the workers page and its fragment show."""
+
+    workers: list[WorkerInfo]
+
+
+class SchedulesContext(TypedDict):
+    """What the schedules page and its fragment show."""
+
+    schedules: list[ScheduleInfo]
+
+
+def queues_context(request: Request) -> QueuesContext:
     """What the queues page shows (run in a worker thread: the reads block)."""
     queue = queue_of(request)
-    stats = queue.stats()
-    charts = views.finished_charts(request.app.state.ui_finished.rows(queue))
+    stats: list[QueueStats] = queue.stats()
+    history: FinishedHistory = request.app.state.ui_finished
+    charts = views.finished_charts(history.rows(queue))
     return {"queues": stats, "charts": charts, "empty_chart": views.Chart()}
 
 
@@ -122,7 +156,8 @@ async def jobs_page(
         not_found = search
 
     def read() -> tuple[tuple[JobPage, int | None, tuple[int, int] | None], list[str]]:
-        return _listing(store, filters, after), sorted(s.queue for s in store.stats())
+        stats: list[QueueStats] = store.stats()
+        return _listing(store, filters, after), sorted(s.queue for s in stats)
 
     (page, next_after, window), queue_names = await run_in_threadpool(read)
     return render(
@@ -165,7 +200,7 @@ def _bulk_message(verb: str | None, done: int, skipped: int) -> str | None:
     return text + "."
 
 
-def _job_context(queue: Queue, job_id: int) -> dict[str, Any]:
+def _job_context(queue: Queue, job_id: int) -> JobContext:
     job = queue.get(job_id)
     return {
         "job": job,
@@ -221,8 +256,8 @@ async def job_json(request: Request, job_id: JobId, part: Literal["payload", "re
     return Response(text, media_type="application/json")
 
 
-def _workers_context(queue: Queue) -> dict[str, Any]:
-    return {"workers": queue.workers()}  # type: ignore[attr-defined]
+def _workers_context(queue: Queue) -> WorkersContext:
+    return {"workers": queue.workers()}
 
 
 @router.get("/ui/workers")
@@ -243,8 +278,8 @@ async def workers_fragment(request: Request) -> Response:
     return render(request, "_workers.html", **context)
 
 
-def schedules_context(queue: Queue) -> dict[str, Any]:
-    return {"schedules": queue.schedules()}  # type: ignore[attr-defined]
+def schedules_context(queue: Queue) -> SchedulesContext:
+    return {"schedules": queue.schedules()}
 
 
 @router.get("/ui/schedules")

@@ -5,7 +5,8 @@ token."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
@@ -24,7 +25,10 @@ class BadLimit(ValueError):
     """A limit field that is not a number."""
 
 
-def _limit(form: FormData, name: str, kind: type) -> Any:
+_Limit = TypeVar("_Limit", int, float)
+
+
+def _limit(form: FormData, name: str, kind: Callable[[str], _Limit]) -> _Limit | None:
     text = str(form.get(name) or "").strip()
     if not text:
         return None  # no limit
@@ -50,13 +54,15 @@ async def queue_action(
     store = queue_of(request)
     try:
         if verb == "limits":
-            limits = {
-                "concurrency_limit": _limit(form, "concurrency_limit", int),
-                "rate_limit": _limit(form, "rate_limit", float),
-            }
-            await run_in_threadpool(lambda: store.update_queue(name, **limits))  # type: ignore[attr-defined]
+            concurrency_limit = _limit(form, "concurrency_limit", int)
+            rate_limit = _limit(form, "rate_limit", float)
+            await run_in_threadpool(
+                lambda: store.update_queue(
+                    name, concurrency_limit=concurrency_limit, rate_limit=rate_limit
+                )
+            )
         else:
-            act = store.pause_queue if verb == "pause" else store.resume_queue  # type: ignore[attr-defined]
+            act = store.pause_queue if verb == "pause" else store.resume_queue
             await run_in_threadpool(act, name)
     except DatabaseUnavailable:
         raise
@@ -79,7 +85,7 @@ async def schedule_action(
     name = str(form.get("name") or "")
     store = queue_of(request)
     try:
-        await run_in_threadpool(store.set_schedule_enabled, name, verb == "enable")  # type: ignore[attr-defined]
+        await run_in_threadpool(store.set_schedule_enabled, name, verb == "enable")
     except DatabaseUnavailable:
         raise
     except PgQueueError as exc:

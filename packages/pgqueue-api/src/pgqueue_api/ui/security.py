@@ -18,6 +18,7 @@ import hmac
 import secrets
 import time
 from collections.abc import Collection
+from typing import Literal, TypedDict
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -104,7 +105,16 @@ def csrf_valid(request: Request, presented: str | None) -> bool:
     return hmac.compare_digest(_sign(secret, f"csrf:{session}"), presented)
 
 
-def _cookie_options(request: Request) -> dict:
+class CookieOptions(TypedDict):
+    """The attributes of the dashboard's cookies, for ``set_cookie`` and ``delete_cookie``."""
+
+    httponly: bool
+    samesite: Literal["lax", "strict", "none"]
+    secure: bool
+    path: str
+
+
+def _cookie_options(request: Request) -> CookieOptions:
     # Secure whenever the page came over TLS (uvicorn sets the scheme from the proxy's
     # X-Forwarded-Proto when it trusts the proxy).
     return {
@@ -117,7 +127,7 @@ def _cookie_options(request: Request) -> dict:
 
 def finish(request: Request, response: Response) -> Response:
     """Set the CSRF cookie on ``response`` if this request made a new one."""
-    new = getattr(request.state, "new_csrf", None)
+    new: str | None = getattr(request.state, "new_csrf", None)
     if new:
         response.set_cookie(CSRF_COOKIE, new, **_cookie_options(request))
     return response

@@ -11,6 +11,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pgqueue import Job, JobState
+from pgqueue.queue import FinishedMinute
 
 CHART_MINUTES = 60
 CHART_WIDTH = 240
@@ -44,7 +45,9 @@ class Chart:
     height: int = CHART_HEIGHT
 
 
-def finished_charts(rows: Iterable[Any], now: datetime | None = None) -> dict[str, Chart]:
+def finished_charts(
+    rows: Iterable[FinishedMinute], now: datetime | None = None
+) -> dict[str, Chart]:
     """Per queue, a chart of ``Queue.finished_per_minute`` rows: the last CHART_MINUTES
     minutes, the current one last; succeeded jobs below, dead and cancelled above."""
     end = (now or datetime.now(UTC)).replace(second=0, microsecond=0)
@@ -106,9 +109,10 @@ def when(value: datetime | str | None) -> str:
         return "-"
     if isinstance(value, str):
         try:
-            value = datetime.fromisoformat(value)
+            parsed = datetime.fromisoformat(value)
         except ValueError:
             return value
+        value = parsed
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
@@ -154,7 +158,7 @@ def timeline(job: Job) -> list[Event]:
     """What happened to ``job``, in order: enqueued, due, each failed attempt (from its
     errors history), the latest attempt's start and how it ended."""
     events = [Event(when(job.enqueued_at), "enqueued")]
-    if job.run_at and job.run_at > job.enqueued_at + timedelta(seconds=1):
+    if job.run_at > job.enqueued_at + timedelta(seconds=1):
         # After a failed attempt, run_at is when the retry is due.
         events.append(Event(when(job.run_at), "retry due" if job.errors else "due to run"))
     for error in job.errors:
