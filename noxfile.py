@@ -111,6 +111,13 @@ def restart(session: nox.Session) -> None:
     session.run("pgqueue", "bench", "restart", *session.posargs)
 
 
+@nox.session(python=PYTHON, default=False)
+def soak(session: nox.Session) -> None:
+    """An hour of chaos under a mixed workload; results/soak.json and soak.png (pgqueue bench soak)."""
+    install_repo(session)
+    session.run("pgqueue", "bench", "soak", *session.posargs)
+
+
 # The peers run side by side with pgqueue, each in a virtualenv of its own so that
 # none of their dependencies meets pgqueue's. Each environment session records the
 # Python it built, for the sessions that require it.

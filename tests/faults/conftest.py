@@ -18,9 +18,8 @@ from typing import Any
 import fault_sql
 import pytest
 from fault_results import FaultResults
-from fault_support import quiet_pool_logs
 
-from pgqueue_bench.servers import Binaries, PrivateServer, binaries_for
+from pgqueue_bench.servers import Binaries, PrivateServer, binaries_for, quiet_pool_logs
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

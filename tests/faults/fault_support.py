@@ -7,7 +7,7 @@ A run's evidence comes from four places that do not depend on each other:
   refused is retried with the same idempotency keys until it is acknowledged);
 - the jobs table, read through :class:`pgqueue.Queue`;
 - an audit trail written by a trigger in the same transaction as every state change
-  (``faults.sql``), which holds each committed ack exactly once;
+  (:mod:`pgqueue_bench.audit`), which holds each committed ack exactly once;
 - the worker processes' local files: one line per handler invocation, and the JSON log
   line the worker writes for each ack it saw commit.
 
@@ -20,28 +20,28 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
-import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from itertools import islice, pairwise
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
 import fault_sql
 import httpx
-from fault_tasks import INVOCATION_LOG_PREFIX, RUN_DIR_VARIABLE, WORK_TASK
+from fault_tasks import RUN_DIR_VARIABLE, WORK_TASK
 from polling import wait_for
 from processes import python_path
 from serving import serve
 
 from pgqueue import DatabaseUnavailable, JobSpec, JobState, Queue, migrate
 from pgqueue_api import ApiSettings, create_app
-from pgqueue_bench import observe
+from pgqueue_bench import audit, deliveries, observe
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.producers import Producer, Send, send_via_queue
+from pgqueue_bench.producers import send_via_api as send_via_api  # the scenarios' import
 
 HERE = Path(__file__).resolve().parent
 SCHEMA = "faults"
@@ -72,7 +72,7 @@ def database_now(url: str) -> datetime:
 def prepare_schema(url: str, schema: str = SCHEMA) -> None:
     """Migrate ``schema`` and install the audit trail on its jobs table."""
     migrate(url, schema)
-    fault_sql.run(url, "audit_install", schema=schema)
+    audit.install(url, schema)
 
 
 # -- worker processes -------------------------------------------------------------------
@@ -98,39 +98,22 @@ class FaultWorkers(WorkerFleet):
         *,
         prefix: tuple[str, ...] = (),
     ) -> None:
-        super().__init__(url, schema, settings, log_dir, stop_timeout=20)
+        super().__init__(
+            url,
+            schema,
+            settings,
+            log_dir,
+            stop_timeout=20,
+            prefix=prefix,
+            environment={"PYTHONPATH": python_path(HERE), RUN_DIR_VARIABLE: str(run_dir)},
+        )
         self.run_dir = run_dir
-        self.prefix = prefix
-
-    def command(self) -> list[str]:
-        """The worker's command line, after ``prefix`` (to run it in a namespace, say)."""
-        return [*self.prefix, *super().command()]
-
-    def environment(self) -> dict[str, str]:
-        return {
-            **super().environment(),
-            "PYTHONPATH": python_path(HERE),
-            RUN_DIR_VARIABLE: str(self.run_dir),
-        }
-
-    def wait_serving(self, timeout: float = 120.0) -> None:
-        """Wait until every worker has said it serves its queue (on a loaded machine a
-        worker takes seconds to start; a fault injected before would hit nothing)."""
-
-        def serving() -> bool:
-            assert not self.unexpected_exits(), f"a worker exited:\n{self.log_tail()}"
-            logs = sorted(self.log_dir.glob("worker-*.log"))
-            return len(logs) == len(self.processes) and all(
-                " serving queue" in path.read_text(errors="replace") for path in logs
-            )
-
-        wait_for(serving, timeout, what="the workers to serve")
 
     def discarded_outcomes(self) -> set[int]:
         """Ids of the jobs whose outcome these workers discarded (their lease was lost)."""
         found = set()
         for path in self.log_dir.glob("worker-*.log"):
-            for line in _complete_lines(path):
+            for line in deliveries.complete_lines(path):
                 if line.startswith("{") and "outcome discarded" in line:
                     found.add(json.loads(line)["job_id"])
         return found
@@ -143,54 +126,6 @@ class FaultWorkers(WorkerFleet):
 
 
 # -- producers ---------------------------------------------------------------------------
-
-
-class Refused(Exception):
-    """The queue did not take a batch this time (503, connection error); retry it."""
-
-
-Send = Callable[[list[JobSpec]], list[int]]
-
-
-def send_via_queue(queue: Queue) -> Send:
-    """Enqueue through ``Queue.enqueue_many``; DatabaseUnavailable means retry."""
-
-    def send(specs: list[JobSpec]) -> list[int]:
-        try:
-            return [result.job.id for result in queue.enqueue_many(specs)]
-        except DatabaseUnavailable as exc:
-            raise Refused(str(exc)) from exc
-
-    return send
-
-
-def send_via_api(client: httpx.Client) -> Send:
-    """Enqueue through ``POST /jobs/batch``; 503 or a broken connection means retry,
-    anything else but 201 is a failure of the test."""
-
-    def send(specs: list[JobSpec]) -> list[int]:
-        body = {"jobs": [_job_body(spec) for spec in specs]}
-        try:
-            response = client.post("/jobs/batch", json=body)
-        except httpx.TransportError as exc:
-            raise Refused(f"{type(exc).__name__}: {exc}") from exc
-        if response.status_code == 503:
-            assert response.headers.get("retry-after"), response.headers
-            raise Refused(response.json()["detail"])
-        assert response.status_code == 201, response.text
-        return [item["job"]["id"] for item in response.json()["items"]]
-
-    return send
-
-
-def _job_body(spec: JobSpec) -> dict[str, Any]:
-    return {
-        "task": spec.task,
-        "payload": spec.payload,
-        "queue": spec.queue,
-        "idempotency_key": spec.idempotency_key,
-        "max_attempts": spec.max_attempts,
-    }
 
 
 def work_jobs(
@@ -213,69 +148,6 @@ def iter_work_jobs(
             idempotency_key=f"{prefix}-{n}",
             max_attempts=max_attempts,
         )
-
-
-class Producer:
-    """Sends ``specs`` in batches from a thread of its own, at a steady pace, retrying
-    a refused batch (with the same idempotency keys) until the queue acknowledges it.
-
-    ``acknowledged`` maps each key to the job id the queue answered with: exactly the
-    enqueues a client was told had committed. ``refusals`` holds what the refusals said.
-    """
-
-    def __init__(
-        self, send: Send, specs: Iterable[JobSpec], *, batch: int = 8, pause: float = 0.02
-    ) -> None:
-        self.send = send
-        self.specs = iter(specs)
-        self.batch = batch
-        self.pause = pause
-        self.acknowledged: dict[str, int] = {}
-        self.refusals: list[str] = []
-        self.error: BaseException | None = None
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fault-producer", daemon=True)
-
-    def start(self) -> Producer:
-        self._thread.start()
-        return self
-
-    @property
-    def done(self) -> bool:
-        """True once every batch was acknowledged (or the producer stopped or failed)."""
-        return not self._thread.is_alive()
-
-    def wait(self, timeout: float = 120.0) -> None:
-        """Wait until every batch was acknowledged; re-raise what the thread raised."""
-        wait_for(lambda: self.done, timeout, what="the producer to finish")
-        if self.error is not None:
-            raise self.error
-
-    def stop(self) -> None:
-        """Send no more batches (the one in flight is finished first)."""
-        self._stopped.set()
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        try:
-            while chunk := list(islice(self.specs, self.batch)):
-                delay = 0.05
-                while not self._stopped.is_set():
-                    try:
-                        ids = self.send(chunk)
-                        break
-                    except Refused as exc:
-                        self.refusals.append(str(exc))
-                        self._stopped.wait(delay)
-                        delay = min(delay * 2, 1.0)
-                else:
-                    return
-                for spec, job_id in zip(chunk, ids, strict=True):
-                    self.acknowledged[spec.idempotency_key] = job_id  # type: ignore[index]
-                if self._stopped.wait(self.pause):
-                    return
-        except BaseException as exc:
-            self.error = exc
 
 
 # -- the HTTP API -----------------------------------------------------------------------
@@ -469,7 +341,11 @@ class FaultRun:
 
     def handled_by(self, pid: int) -> set[int]:
         """Ids of the jobs whose handler ran in worker process ``pid``."""
-        return {job_id for job_id, _, _, ran_in in invocations(self.run_dir) if ran_in == pid}
+        return {
+            job_id
+            for job_id, _, _, ran_in in deliveries.read_invocations(self.run_dir)
+            if ran_in == pid
+        }
 
     def claimed_by(self, pid: int, state: str = "running") -> list[int]:
         """Ids of the jobs in ``state`` last claimed by worker process ``pid`` (a worker
@@ -544,92 +420,36 @@ class FaultRun:
         A job pruned during the run is judged by the state the audit trail saw it
         leave the table in."""
         jobs = {job.id: job for job in observe.all_jobs(self.queue)}
-        transitions = fault_sql.run(self.url, "audit_transitions", schema=self.schema)
-        pruned = {
-            row["job_id"]: row["from_state"] for row in transitions if row["to_state"] == "pruned"
-        }
-        final = {job_id: job.state.value for job_id, job in jobs.items()} | {
-            job_id: state for job_id, state in pruned.items() if job_id not in jobs
-        }
-        wanted = {state.value for state in expect}
-        acknowledged = self.acknowledged()
-        lost = [key for key, job_id in acknowledged.items() if final.get(job_id) not in wanted]
-        # Each committed ack, as (job, attempt); a job can be acked once at most.
-        acks_written = Counter(
-            (row["job_id"], row["attempts"])
-            for row in transitions
-            if row["from_state"] == "running" and row["to_state"] == "succeeded"
+        transitions = audit.transitions(self.url, self.schema)
+        logged = deliveries.worker_acks(sorted(self.run_dir.glob("*/worker-*.log")))
+        judged = audit.judge(
+            self.acknowledged(),
+            {job_id: job.state.value for job_id, job in jobs.items()},
+            transitions,
+            logged,
+            wanted=[state.value for state in expect],
         )
-        acked_jobs = Counter(job_id for job_id, _ in acks_written.elements())
-        logged = worker_acks(self.run_dir)
-        logged_count = Counter(job_id for job_id, _ in logged)
-        contradicted = [
-            (job_id, attempt)
-            for job_id, attempt in logged
-            if (job_id, attempt) not in acks_written or logged_count[job_id] > 1
-        ]
-        runs = invocations(self.run_dir)
+        runs = deliveries.read_invocations(self.run_dir)
         # Without evidence from the workers, the checks against it would pass vacuously.
-        assert not acks_written or (runs and logged), "no handler or ack evidence from the workers"
+        assert not judged.acks_written or (runs and logged), (
+            "no handler or ack evidence from the workers"
+        )
         states = Counter(job.state.value for job in jobs.values())
-        if pruned:
-            states["pruned"] = len(pruned)
+        if judged.pruned:
+            states["pruned"] = judged.pruned
         return Verdict(
-            jobs=len(acknowledged),
-            lost=lost,
-            double_acks=sorted(job_id for job_id, n in acked_jobs.items() if n > 1),
-            contradicted_acks=contradicted,
-            unacknowledged=sorted(set(final) - set(acknowledged.values())),
+            jobs=len(self.acknowledged()),
+            lost=judged.lost,
+            double_acks=judged.double_acks,
+            contradicted_acks=judged.contradicted_acks,
+            unacknowledged=judged.unacknowledged,
             states=dict(states),
             acks_logged=len(logged),
             handler_runs=len(runs),
             redeliveries=len(runs) - len({job_id for job_id, *_ in runs}),
-            failed_attempts=sum(
-                1
-                for row in transitions
-                if row["from_state"] == "running" and row["to_state"] in ("queued", "dead")
-            ),
+            failed_attempts=judged.failed_attempts,
             finished_at=[job.finished_at for job in jobs.values() if job.finished_at is not None],
         )
 
     def worker_logs(self) -> str:
         return "\n".join(fleet.logs() for fleet in self.fleets)
-
-
-def _complete_lines(path: Path) -> list[str]:
-    """The lines of a file another process may be appending to right now: a last line
-    without its newline is still being written, and is left for later."""
-    text = path.read_text(errors="replace")
-    lines = text.split("\n")
-    return lines[:-1]  # after the last newline: empty, or a line being written
-
-
-def invocations(run_dir: Path) -> list[tuple[int, int, str, int]]:
-    """(job id, attempt, lease token, pid) of every handler invocation in the run."""
-    found = []
-    for path in run_dir.glob(f"{INVOCATION_LOG_PREFIX}*.log"):
-        for line in _complete_lines(path):
-            job_id, attempt, token, pid = line.split()
-            found.append((int(job_id), int(attempt), token, int(pid)))
-    return found
-
-
-def worker_acks(run_dir: Path) -> list[tuple[int, int]]:
-    """(job id, attempt) of every ack a worker logged as committed (the ``succeeded``
-    line of core's lifecycle log, written after the ack's commit)."""
-    found = []
-    for path in run_dir.glob("*/worker-*.log"):
-        for line in _complete_lines(path):
-            if not line.startswith("{"):
-                continue  # not the worker's own JSON: a warning printed by a library
-            record = json.loads(line)
-            if record.get("logger") == "pgqueue.jobs" and record.get("state") == "succeeded":
-                found.append((record["job_id"], record["attempt"]))
-    return found
-
-
-def quiet_pool_logs() -> None:
-    """psycopg's pool logs a warning for every connection a fault breaks; the scenarios
-    break many on purpose, and say so themselves."""
-    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
-    logging.getLogger("psycopg").setLevel(logging.ERROR)

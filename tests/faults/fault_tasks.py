@@ -20,21 +20,18 @@ from __future__ import annotations
 import base64
 import os
 import random
-import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from pgqueue import Job, hookimpl
+from pgqueue_bench.deliveries import LazyInvocationLog
 
 RUN_DIR_VARIABLE = "PGQUEUE_FAULTS_RUN_DIR"
-INVOCATION_LOG_PREFIX = "invocations-"
 WORK_TASK = "fault_work"
 DECODE_TASK = "fault_decode"
 
-_log_lock = threading.Lock()
-_log_fd: int | None = None
+_invocations = LazyInvocationLog(RUN_DIR_VARIABLE)
 
 
 class InjectedFailure(Exception):
@@ -42,17 +39,9 @@ class InjectedFailure(Exception):
 
 
 def _record_invocation(job: Job) -> None:
-    """Append one line per invocation with a single ``write`` on an ``O_APPEND``
-    descriptor: nothing is buffered in the process, so a SIGKILL loses no line."""
-    global _log_fd
-    run_dir = os.environ.get(RUN_DIR_VARIABLE)
-    if not run_dir:
-        return
-    with _log_lock:
-        if _log_fd is None:
-            path = Path(run_dir) / f"{INVOCATION_LOG_PREFIX}{os.getpid()}.log"
-            _log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.write(_log_fd, f"{job.id} {job.attempts} {job.lease_token} {os.getpid()}\n".encode())
+    """One line per invocation, unbuffered: a SIGKILL loses no line (see
+    :class:`pgqueue_bench.deliveries.InvocationLog`)."""
+    _invocations.append(job.id, job.attempts, job.lease_token)
 
 
 def _work_seconds(payload: dict[str, Any]) -> float:

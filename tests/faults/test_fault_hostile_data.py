@@ -24,6 +24,7 @@ from fault_support import SCHEMA, FaultRun, prepare_schema, send_via_api, serve_
 from pgqueue import JobSpec, JobState, Lease, LeaseLost, Queue, Waiter
 from pgqueue.queue import default_worker_id
 from pgqueue_api import ApiSettings
+from pgqueue_bench import audit
 
 INT_MAX = 2**31 - 1
 # PostgreSQL stores this; Python's json module gives up past about a thousand levels.
@@ -109,7 +110,7 @@ def test_attempt_counts_at_the_integer_limit_back_off_capped_and_wedge_nothing(
         run.produce(40)
         run.wait_until_done(timeout=60)
         jobs = {job_id: run.queue.get(job_id) for job_id in (failing, reaped, saturated)}
-        transitions = fault_sql.run(url, "audit_transitions", schema=SCHEMA)
+        transitions = audit.transitions(url, SCHEMA)
         logs = workers.logs()
         verdict = run.verdict(expect=(JobState.SUCCEEDED,))
 

@@ -22,14 +22,14 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-import fault_netns
 import pytest
-from fault_proxy import FaultProxy
 from fault_support import SCHEMA, FaultRun, send_via_api, serve_api
 from polling import wait_for
 
 from pgqueue import JobState
 from pgqueue_api import ApiSettings
+from pgqueue_bench import netns
+from pgqueue_bench.proxy import FaultProxy
 from pgqueue_bench.servers import LOOPBACK, SUPERUSER
 
 
@@ -127,13 +127,13 @@ def test_a_blackholed_worker_is_fenced_out_then_recovers_when_the_path_resets(
 def test_a_pulled_cable_is_noticed_by_tcp_timers_mid_statement_and_the_worker_recovers(
     start_server, record_figures, tmp_path: Path
 ) -> None:
-    reason = fault_netns.unavailable_reason()
+    reason = netns.unavailable_reason()
     if reason:
         pytest.skip(reason)
     server = start_server()
     socket_path = server.directory / f".s.PGSQL.{server.port}"
     with (
-        fault_netns.IsolatedNetwork(socket_path) as network,
+        netns.IsolatedNetwork(socket_path) as network,
         FaultRun.prepared(server.url(), tmp_path) as run,
     ):
         # pgqueue's own TCP timers, nothing set in the connection string.
@@ -153,7 +153,7 @@ def test_a_pulled_cable_is_noticed_by_tcp_timers_mid_statement_and_the_worker_re
 
         def pull() -> None:
             before.clear()
-            before.update(fault_netns.established_connections(pid))
+            before.update(netns.established_connections(pid))
             network.pull_cable()
 
         held = _cut_while_holding(run, pid, pull, network.plug_cable)
@@ -163,7 +163,7 @@ def test_a_pulled_cable_is_noticed_by_tcp_timers_mid_statement_and_the_worker_re
         # by TCP_USER_TIMEOUT), and they must, with the cable still out: within about
         # 30 s, where retransmissions alone would go on for about fifteen minutes.
         wait_for(
-            lambda: not before & fault_netns.established_connections(pid),
+            lambda: not before & netns.established_connections(pid),
             timeout=90,
             what="TCP's timers to give up on the worker's connections",
         )

@@ -23,6 +23,7 @@ from fault_support import SCHEMA, FaultRun, prepare_schema, work_jobs
 from polling import wait_for
 
 from pgqueue import JobState, LeaseLost, Queue
+from pgqueue_bench import audit
 
 
 def test_a_worker_stalled_past_its_lease_cannot_overwrite_the_rescuers_outcome(
@@ -148,7 +149,7 @@ def test_a_reaper_and_late_acks_racing_for_the_same_leases_write_one_outcome_eac
             assert len(acked) + len(reaped) == RACE_JOBS
             acks_won += len(acked)
             reaper_won += len(reaped)
-        transitions = fault_sql.run(url, "audit_transitions", schema=SCHEMA)
+        transitions = audit.transitions(url, SCHEMA)
 
     assert acks_won and reaper_won, (acks_won, reaper_won)
     # One transition out of running per claimed job, whichever side made it.

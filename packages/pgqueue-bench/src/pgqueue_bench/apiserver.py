@@ -15,6 +15,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from pgqueue_bench.servers import LOOPBACK, free_port
@@ -36,13 +37,37 @@ def _healthy(base: str) -> bool:
         return False
 
 
+@dataclass(frozen=True)
+class RunningApi:
+    """A ``pgqueue-api`` that answers: its port, and its process (to measure it)."""
+
+    port: int
+    pid: int
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{LOOPBACK}:{self.port}"
+
+
 @contextmanager
 def api_process(url: str, schema: str, workers: int) -> Iterator[int]:
-    """``pgqueue-api --workers N`` against ``schema`` on a free loopback port; yields the
-    port once ``/healthz`` answers 200. On the way out the process gets SIGTERM, which
-    lets the requests in flight finish, so what it acknowledged is committed by then."""
+    """:func:`api_server`, yielding only its port."""
+    with api_server(url, schema, workers) as running:
+        yield running.port
+
+
+@contextmanager
+def api_server(
+    url: str, schema: str, workers: int, *, pool_size: int | None = None
+) -> Iterator[RunningApi]:
+    """``pgqueue-api --workers N`` against ``schema`` on a free loopback port; yields it
+    once ``/healthz`` answers 200. On the way out the process gets SIGTERM, which
+    lets the requests in flight finish, so what it acknowledged is committed by then.
+    ``pool_size`` is its ``--pool-size`` (None: the default)."""
     port = free_port()
     command = [API, "--host", LOOPBACK, "--port", str(port), "--workers", str(workers)]
+    if pool_size is not None:
+        command += ["--pool-size", str(pool_size)]
     command += ["--no-access-log", "--database-url", url, "--schema", schema]
     command += ["--log-level", "warning"]
     # Its output goes to a file, not a pipe nobody reads while it runs: a full pipe
@@ -65,7 +90,7 @@ def api_process(url: str, schema: str, workers: int) -> Iterator[int]:
                         f"pgqueue-api was not healthy within {START_TIMEOUT:.0f} s:\n{said()}"
                     )
                 time.sleep(0.1)
-            yield port
+            yield RunningApi(port=port, pid=process.pid)
         finally:
             process.send_signal(signal.SIGTERM)
             try:

@@ -5,10 +5,14 @@ The row is committed before the handler's work starts, so a worker killed in the
 middle of a job still leaves proof that the job reached it. The invocation log is a
 local file, written even when the database is down (during a restart), so the
 drivers can tell handler invocations from deliveries that reached the database.
+
+The invocation logs and the workers' own JSON logs are also the workers' side of the
+evidence the fault scenarios and the soak judge a run by (:mod:`pgqueue_bench.audit`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from dataclasses import dataclass
@@ -53,7 +57,8 @@ class DeliveryRecorder:
 
 
 class InvocationLog:
-    """Appends ``job_id attempt`` lines to ``<directory>/invocations-<pid>.log``.
+    """Appends ``job_id attempt lease_token pid`` lines to
+    ``<directory>/invocations-<pid>.log``.
 
     Each line is one ``write`` on an ``O_APPEND`` descriptor, so nothing is buffered
     in the process: a SIGKILL loses no line that was written."""
@@ -62,9 +67,62 @@ class InvocationLog:
         path = Path(directory) / f"{INVOCATION_LOG_PREFIX}{os.getpid()}.log"
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
-    def append(self, job_id: int, attempt: int) -> None:
-        """Record one handler invocation."""
-        os.write(self._fd, f"{job_id} {attempt}\n".encode())
+    def append(self, job_id: int, attempt: int, lease_token: object = None) -> None:
+        """Record one handler invocation (under ``lease_token``, if known)."""
+        os.write(self._fd, f"{job_id} {attempt} {lease_token} {os.getpid()}\n".encode())
+
+
+class LazyInvocationLog:
+    """An :class:`InvocationLog` in the directory that the environment variable
+    ``variable`` names, opened at the first invocation of the worker process (a
+    plugin module is imported before it knows where to log); nothing when unset."""
+
+    def __init__(self, variable: str) -> None:
+        self.variable = variable
+        self._lock = threading.Lock()
+        self._log: InvocationLog | None = None
+
+    def append(self, job_id: int, attempt: int, lease_token: object = None) -> None:
+        """Record one handler invocation, if the worker was told where."""
+        directory = os.environ.get(self.variable)
+        if not directory:
+            return
+        with self._lock:
+            if self._log is None:
+                self._log = InvocationLog(directory)
+        self._log.append(job_id, attempt, lease_token)
+
+
+def complete_lines(path: Path) -> list[str]:
+    """The lines of a file another process may be appending to right now: a last line
+    without its newline is still being written, and is left for later."""
+    text = path.read_text(errors="replace")
+    return text.split("\n")[:-1]  # after the last newline: empty, or a line being written
+
+
+def read_invocations(directory: Path | str) -> list[tuple[int, int, str, int]]:
+    """(job id, attempt, lease token, pid) of every handler invocation logged in
+    ``directory``."""
+    found = []
+    for path in Path(directory).glob(f"{INVOCATION_LOG_PREFIX}*.log"):
+        for line in complete_lines(path):
+            job_id, attempt, token, pid = line.split()
+            found.append((int(job_id), int(attempt), token, int(pid)))
+    return found
+
+
+def worker_acks(log_paths: list[Path]) -> list[tuple[int, int]]:
+    """(job id, attempt) of every ack a worker logged as committed in these JSON logs
+    (the ``succeeded`` line of core's lifecycle log, written after the ack's commit)."""
+    found = []
+    for path in log_paths:
+        for line in complete_lines(path):
+            if not line.startswith("{"):
+                continue  # not the worker's own JSON: a warning printed by a library
+            record = json.loads(line)
+            if record.get("logger") == "pgqueue.jobs" and record.get("state") == "succeeded":
+                found.append((record["job_id"], record["attempt"]))
+    return found
 
 
 def count_invocations(directory: Path | str) -> int:

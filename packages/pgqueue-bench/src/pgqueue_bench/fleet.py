@@ -9,10 +9,12 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pgqueue_bench import handlers
+from pgqueue_bench.observe import wait_for
 
 HANDLERS_SPEC = "pgqueue_bench.handlers:HANDLERS"
 
@@ -77,6 +79,9 @@ class WorkerFleet:
     """Worker processes on one schema. Each writes its log to ``log_dir``; the
     recording handler finds the database and ``log_dir`` in its environment.
 
+    ``prefix`` goes before each command line (``nsenter`` into a network namespace,
+    say); ``environment`` is added to each worker's.
+
     Use as a context manager: every process still running at the end is stopped
     (SIGTERM, then SIGKILL after ``stop_timeout``)."""
 
@@ -88,19 +93,26 @@ class WorkerFleet:
         log_dir: Path,
         *,
         stop_timeout: float = 30,
+        prefix: tuple[str, ...] = (),
+        environment: Mapping[str, str] | None = None,
     ) -> None:
         self.url = url
         self.schema = schema
         self.settings = settings
         self.log_dir = log_dir
         self.stop_timeout = stop_timeout
+        self.prefix = prefix
+        self.extra_environment = dict(environment or {})
         self.processes: list[subprocess.Popen[bytes]] = []
+        self.log_paths: dict[int, Path] = {}
+        """Each worker's log, by pid."""
         self.started = 0
         log_dir.mkdir(parents=True, exist_ok=True)
 
     def command(self) -> list[str]:
         """The full command line of one worker."""
         return [
+            *self.prefix,
             *pgqueue_command(),
             "worker",
             "--database-url",
@@ -118,13 +130,14 @@ class WorkerFleet:
             handlers.SCHEMA_VARIABLE: self.schema,
             handlers.RUN_DIR_VARIABLE: str(self.log_dir),
             "PYTHONUNBUFFERED": "1",
+            **self.extra_environment,
         }
 
     def start_one(self) -> subprocess.Popen[bytes]:
         """Start one more worker."""
         self.started += 1
-        log = (self.log_dir / f"worker-{self.started}.log").open("wb")
-        with log:
+        log_path = self.log_dir / f"worker-{self.started}.log"
+        with log_path.open("wb") as log:
             process = subprocess.Popen(
                 self.command(),
                 env=self.environment(),
@@ -134,6 +147,7 @@ class WorkerFleet:
                 start_new_session=True,  # a Ctrl-C at the terminal is the driver's to handle
             )
         self.processes.append(process)
+        self.log_paths[process.pid] = log_path
         return process
 
     def start(self, count: int) -> list[subprocess.Popen[bytes]]:
@@ -149,6 +163,24 @@ class WorkerFleet:
         with contextlib.suppress(ProcessLookupError):
             process.send_signal(signal.SIGKILL)
         process.wait()
+
+    def wait_serving(
+        self, processes: list[subprocess.Popen[bytes]] | None = None, timeout: float = 120.0
+    ) -> None:
+        """Wait until each of ``processes`` (default: all) has logged that it serves its
+        queue: on a loaded machine a worker takes seconds to start, and a fault injected
+        before would hit nothing. Raises RuntimeError, with the logs, if one exits."""
+        chosen = self.processes if processes is None else processes
+
+        def serving() -> bool:
+            if self.unexpected_exits():
+                raise RuntimeError(f"a worker exited:\n{self.log_tail()}")
+            return all(
+                " serving queue" in self.log_paths[process.pid].read_text(errors="replace")
+                for process in chosen
+            )
+
+        wait_for(serving, timeout, what="the workers to serve")
 
     def unexpected_exits(self) -> list[tuple[int, int]]:
         """(pid, exit code) of workers that exited on their own with an error."""

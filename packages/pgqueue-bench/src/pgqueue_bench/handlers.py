@@ -63,7 +63,7 @@ def record_delivery(payload: dict[str, Any], job: Job) -> None:
     """Log the invocation, commit a delivery row, then work for 10-50 ms."""
     recorder, invocations = _recording_targets()
     if invocations is not None:
-        invocations.append(job.id, job.attempts)
+        invocations.append(job.id, job.attempts, job.lease_token)
     recorder.record(job.id, job.attempts)
     low, high = payload.get("work_ms", DEFAULT_WORK_MS)
     time.sleep(random.uniform(low, high) / 1000)

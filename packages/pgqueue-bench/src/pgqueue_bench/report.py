@@ -20,6 +20,7 @@ from typing import Any
 import click
 
 from pgqueue_bench import cli_reference, results
+from pgqueue_bench.soak_report import soak_section
 
 BEGIN_MARKER = "<!-- results:begin -->"
 END_MARKER = "<!-- results:end -->"
@@ -688,6 +689,7 @@ SECTIONS = {
     "controls": controls_section,
     "faults": faults_section,
     "model": model_section,
+    "soak": soak_section,
 }
 
 # Sections whose document does not fit :func:`hardware` (one server, in "environment")
@@ -699,14 +701,16 @@ FOOTERS: dict[str, Callable[[dict[str, Any]], str]] = {
 
 
 def has_figures(document: dict[str, Any] | None) -> bool:
-    """Whether a results document holds anything to show: runs (the benchmarks) or, per
-    PostgreSQL version, scenarios (the faults) or a run of the model."""
+    """Whether a results document holds anything to show: runs (the benchmarks), per
+    PostgreSQL version, scenarios (the faults) or a run of the model, or the soak's
+    samples."""
     if not document:
         return False
     return (
         bool(document.get("runs"))
         or bool(_fault_versions(document))
         or bool(_model_versions(document))
+        or bool(document.get("samples"))
     )
 
 

@@ -1,8 +1,10 @@
 """Writing and reading the JSON documents under ``results/``.
 
 Every document has the same top level: ``benchmark`` (its name), ``created_at``,
-``environment`` (see :mod:`pgqueue_bench.environment`), ``parameters``, ``runs``
-(one entry per repeat) and ``summary`` (the spread over the runs).
+``environment`` (see :mod:`pgqueue_bench.environment`), ``parameters``, then what the
+benchmark measured: for most, ``runs`` (one entry per repeat) and ``summary`` (the
+spread over the runs); for the soak, one long run's ``samples``, ``faults`` and
+``verdict``.
 """
 
 from __future__ import annotations
@@ -42,26 +44,28 @@ def document(
     *,
     environment: dict[str, Any],
     parameters: dict[str, Any],
-    runs: list[dict[str, Any]],
-    summary: dict[str, Any],
+    **measured: Any,
 ) -> dict[str, Any]:
-    """A results document with the common top level."""
+    """A results document with the common top level, then ``measured`` (``runs`` and
+    ``summary``, or what the benchmark has instead), in the order given."""
     return {
         "benchmark": benchmark,
         "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         "environment": environment,
         "parameters": parameters,
-        "runs": runs,
-        "summary": summary,
+        **measured,
     }
 
 
 def write(name: str, content: dict[str, Any], directory: Path | str | None = None) -> Path:
     """Write ``content`` to ``<results dir>/<name>.json`` atomically; return the path."""
-    folder = results_dir(directory)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{name}.json"
-    partial = folder / f"{name}.json.tmp"
+    return write_to(results_dir(directory) / f"{name}.json", content)
+
+
+def write_to(path: Path, content: dict[str, Any]) -> Path:
+    """Write ``content`` to ``path`` atomically (a reader never sees half of it)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(path.name + ".tmp")
     partial.write_text(json.dumps(content, indent=2, default=_json_default) + "\n")
     partial.replace(path)
     return path

