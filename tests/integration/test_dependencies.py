@@ -275,6 +275,32 @@ def test_an_enqueue_racing_the_ack_of_its_dependency_is_never_stranded(
         queue.ack(released)
 
 
+def test_an_ack_that_waited_for_the_enqueue_of_a_dependent_queues_it(
+    queue: Queue, database_url: str, db, schema
+) -> None:
+    # The enqueue marks the running dependency in the caller's open transaction, so the
+    # ack has to wait for that row; once the enqueue commits, the ack must see the new
+    # dependency link although it did not exist when the ack's statement began.
+    dependency = queue.enqueue("t").job
+    (running,) = _claim_all(queue).values()
+    acked: list[Any] = []
+    with psycopg.connect(database_url) as conn:
+        conn.execute("SELECT 1")  # the caller's transaction, which the enqueue joins
+        dependent = queue.enqueue("after", depends_on=[dependency.id], conn=conn).job
+        ack = threading.Thread(target=lambda: acked.append(queue.ack(running)))
+        ack.start()
+        deadline = time.monotonic() + 30
+        blocked = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
+        while db.execute(blocked, (conn.info.backend_pid,)).fetchone()[0] == 0:
+            assert ack.is_alive() and time.monotonic() < deadline, "the ack did not wait"
+            time.sleep(0.01)
+        conn.commit()
+    ack.join(30)
+    assert [job.state for job in acked] == [JobState.SUCCEEDED]
+    assert queue.get(dependent.id).state is JobState.QUEUED
+    assert _pending(db, schema, dependent.id) == 0
+
+
 def test_pruning_a_dependent_removes_its_links(queue: Queue, db, schema) -> None:
     dependency = queue.enqueue("t").job
     dependent = queue.enqueue("t", depends_on=[dependency.id]).job

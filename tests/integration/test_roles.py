@@ -407,7 +407,7 @@ def test_the_owner_migrates(logins: Logins, schema: str, db: psycopg.Connection)
     # A new schema, created by the owner: everything in it belongs to the group role.
     fresh = f"{schema}_new"
     try:
-        assert migrate(owner_url, fresh) == [1, 2, 3]
+        assert migrate(owner_url, fresh) == [1, 2, 3, 4]
         owners = db.execute(
             "SELECT DISTINCT pg_get_userbyid(c.relowner) FROM pg_class AS c"
             " JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE n.nspname = %s",

@@ -13,6 +13,7 @@ import pytest
 from psycopg import sql
 
 from pgqueue import Queue
+from pgqueue.locks import advisory_key
 from pgqueue.schedules import Schedule, ScheduleNotFound, tick_key
 
 PLUGIN = "plugin-a"
@@ -92,6 +93,28 @@ def test_a_sync_leaves_the_schedules_of_plugins_it_did_not_load_alone(queue: Que
     report = queue.sync_schedules(declared(hourly("mine")), [PLUGIN])
     assert report.removed == []
     assert rows(queue)["theirs"].enabled
+
+
+def test_a_sync_with_nothing_to_change_does_not_wait_for_the_scheduler(
+    queue: Queue, database_url: str
+) -> None:
+    queue.sync_schedules(declared(hourly("a")), [PLUGIN])
+    with psycopg.connect(database_url) as holder:
+        # The scheduler's lock, held as a scheduler round in progress holds it.
+        holder.execute(
+            "SELECT pg_advisory_xact_lock(%s)", (advisory_key("schedule", queue.schema),)
+        )
+        reports = []
+        sync = threading.Thread(
+            target=lambda: reports.append(queue.sync_schedules(declared(hourly("a")), [PLUGIN]))
+        )
+        sync.start()
+        sync.join(20)
+        waited = sync.is_alive()
+        holder.rollback()
+    sync.join(20)
+    assert not waited, "a sync that changes nothing waited for the scheduler's lock"
+    assert [(r.added, r.updated, r.removed, r.unchanged) for r in reports] == [([], [], [], ["a"])]
 
 
 def test_the_operators_switch_survives_restarts_and_redefinitions(queue: Queue) -> None:

@@ -23,15 +23,15 @@ How it stays exact under concurrency:
   way holds the row: the enqueue waits for it, then finds the dependency finished and
   counts it met. An ack that comes later waits for the enqueue's commit, then reads the
   mark from the row it deletes.
-- The ack leaves the ids of acked jobs that have dependents to the next statement of
-  its transaction, ``job_dependents_release``, which takes a new snapshot (so it sees
-  the dependents of an enqueue the ack waited for) and counts each waiting dependent's
-  ``pending_dependencies`` down with a row update: two acks of a job's last two
-  dependencies take turns on its row, and exactly one of them queues it.
+- The ack reads the mark from the rows it deletes and, only when one of them has
+  dependents, calls ``dependents_released`` from within its statement. The function's
+  own statement takes a new snapshot (so it sees the dependents of an enqueue the ack
+  waited for) and counts each waiting dependent's ``pending_dependencies`` down with a
+  row update: two acks of a job's last two dependencies take turns on its row, and
+  exactly one of them queues it.
 - Cancelling dependents goes one level per statement, for the same reason.
 
-An ack whose jobs have no dependents pays one extra statement per batch that reads
-one empty setting.
+An ack whose jobs have no dependents pays nothing for this: no statement, no call.
 """
 
 from __future__ import annotations

@@ -829,10 +829,6 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
             cur = conn.cursor()
             cur.execute(self._sql("job_ack_many"), _ack_params(chunk))
             sent.append((offset, cur))
-            # Queues the waiting jobs whose last dependency this chunk acked (nothing,
-            # for jobs without dependents): in the ack's transaction, in a statement of
-            # its own (see pgqueue.dependencies).
-            conn.cursor().execute(self._sql("job_dependents_release"))
 
         def read() -> _AckWritten:
             finished_at = None

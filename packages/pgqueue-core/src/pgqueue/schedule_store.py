@@ -143,7 +143,14 @@ class ScheduleMethods:
     ) -> SyncReport:
         """Make the table follow ``declared``, the schedules of the loaded ``plugins``
         (names, including those that declare none), and log each change. One sync at a
-        time, and never during a scheduler round."""
+        time, and never during a scheduler round.
+
+        A sync that would change nothing, what every worker but the first of a
+        deployment finds, is one read: it takes no lock, so workers starting together
+        do not wait for each other, nor for a scheduler round."""
+        rows = {row["name"]: row for row in self._rows("schedule_list")}
+        if not _sync_changes(rows, declared, plugins):
+            return SyncReport(unchanged=sorted(declared))
         report = SyncReport()
         with self._connection() as conn:
             cur = jsonb.cursor(conn)
@@ -160,11 +167,7 @@ class ScheduleMethods:
                     report.updated.append(name)
                 else:
                     report.unchanged.append(name)
-            gone = [
-                name
-                for name, row in rows.items()
-                if name not in declared and row["source"] in plugins and row["removed_at"] is None
-            ]
+            gone = _no_longer_declared(rows, declared, plugins)
             if gone:
                 cur.execute(self._sql("schedule_remove"), {"names": gone})
                 for name in gone:
@@ -198,8 +201,7 @@ class ScheduleMethods:
         self, cur: psycopg.Cursor, schedule: Schedule, row: Mapping[str, Any], now: datetime
     ) -> bool:
         """Update ``row`` to ``schedule`` if it differs or was removed; True if it did."""
-        wanted = schedule.definition()
-        changed = {key: (row[key], value) for key, value in wanted.items() if row[key] != value}
+        changed = _changed_fields(schedule, row)
         returning = row["removed_at"] is not None
         if not changed and not returning:
             return False
@@ -389,3 +391,36 @@ __all__ = [
     "ScheduledRun",
     "SyncReport",
 ]
+
+
+def _changed_fields(schedule: Schedule, row: Mapping[str, Any]) -> dict[str, tuple[Any, Any]]:
+    """The fields of ``row`` that differ from ``schedule``'s definition: (old, new)."""
+    wanted = schedule.definition()
+    return {key: (row[key], value) for key, value in wanted.items() if row[key] != value}
+
+
+def _no_longer_declared(
+    rows: Mapping[str, Mapping[str, Any]],
+    declared: Mapping[str, Schedule],
+    plugins: Collection[str],
+) -> list[str]:
+    """The rows of loaded ``plugins`` that no plugin declares any more and that are not
+    removed yet: the sync disables them."""
+    return [
+        name
+        for name, row in rows.items()
+        if name not in declared and row["source"] in plugins and row["removed_at"] is None
+    ]
+
+
+def _sync_changes(
+    rows: Mapping[str, Mapping[str, Any]],
+    declared: Mapping[str, Schedule],
+    plugins: Collection[str],
+) -> bool:
+    """Whether a sync of ``declared`` would add, update or disable any of ``rows``."""
+    for name, schedule in declared.items():
+        row = rows.get(name)
+        if row is None or row["removed_at"] is not None or _changed_fields(schedule, row):
+            return True
+    return bool(_no_longer_declared(rows, declared, plugins))

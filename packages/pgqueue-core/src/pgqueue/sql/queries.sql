@@ -519,26 +519,27 @@ moved AS (
            idempotency_key, errors, trace_context, unique_key, has_dependents
     FROM acked
 ),
+run AS (
+    -- The acked attempts per queue, task and claim: the jobs of one claim share their
+    -- started_at, and an ack's now() is one value, so the run time is worked out once
+    -- per claim, not once per job, and the counters and the histogram below both add
+    -- up these few rows.
+    SELECT queue, task, count(*) AS attempts,
+           greatest(0, date_part('epoch', now() - coalesce(started_at, now()))) AS seconds
+    FROM acked
+    GROUP BY queue, task, started_at
+),
 timed AS (
     -- The run-time histogram (see run_time_buckets): per queue, task and bucket, the
     -- attempts acked and their seconds. An attempt falls in the bucket of the smallest
     -- bound at or above its run time: width_bucket() gives the largest bound at or
-    -- below it, and the next one unless the run time equals that bound. The jobs of one
-    -- claim share their started_at, and an ack's now() is one value: counted per claim
-    -- first, the bucket is found once per claim, not once per job.
+    -- below it, and the next one unless the run time equals that bound.
     INSERT INTO {schema}.run_time_buckets AS bucket (queue, task, le, slot, attempts, seconds)
     SELECT queue, task, le[position + (position = 0 OR seconds > le[position])::int],
            mod(pg_backend_pid(), 16), sum(attempts), sum(seconds * attempts)
     FROM (
         SELECT queue, task, attempts, seconds, le, width_bucket(seconds, le) AS position
-        FROM (
-            SELECT queue, task, count(*) AS attempts,
-                   greatest(0, date_part('epoch', now() - coalesce(started_at, now())))
-                       AS seconds
-            FROM acked
-            GROUP BY queue, task, started_at
-        ) AS run,
-        (SELECT {schema}.run_time_bounds() AS le) AS bounds
+        FROM run, (SELECT {schema}.run_time_bounds() AS le) AS bounds
     ) AS placed
     GROUP BY 1, 2, 3
     ORDER BY 1, 2, 3
@@ -548,8 +549,8 @@ timed AS (
 ),
 counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, succeeded, completed)
-    SELECT queue, mod(pg_backend_pid(), 16), count(*), count(*)
-    FROM acked GROUP BY queue ORDER BY queue
+    SELECT queue, mod(pg_backend_pid(), 16), sum(attempts), sum(attempts)
+    FROM run GROUP BY queue ORDER BY queue
     ON CONFLICT (queue, slot) DO UPDATE
     SET succeeded = counter.succeeded + excluded.succeeded,
         completed = counter.completed + excluded.completed
@@ -560,14 +561,18 @@ SELECT now() AS finished_at,
            WHERE position NOT IN (SELECT position FROM acked)
            ORDER BY position
        ) AS refused,
-       -- The acked jobs that have dependents, for job_dependents_release, sent next in
-       -- the same transaction. has_dependents is read from the row this statement
-       -- deleted, which is the latest version: an enqueue naming one of these jobs as a
-       -- dependency either committed before (this statement waited for its row lock)
-       -- or will find the job succeeded.
-       set_config('pgqueue.acked_with_dependents',
-                  ARRAY(SELECT id FROM acked WHERE has_dependents)::text, true)
-           AS with_dependents;
+       -- The waiting jobs whose last dependency this statement acked become queued
+       -- (see dependents_released). Only when an acked job has dependents, the rare
+       -- case: has_dependents is read from the row this statement deleted, which is the
+       -- latest version, so an enqueue naming one of these jobs as a dependency either
+       -- committed before (this statement waited for its row lock) or will find the job
+       -- succeeded. The function's own statement takes a new snapshot, taken after
+       -- those waits: it sees the dependency rows of the enqueues waited for.
+       CASE WHEN EXISTS (SELECT FROM acked WHERE has_dependents)
+            THEN {schema}.dependents_released(
+                     ARRAY(SELECT id FROM acked WHERE has_dependents), {channel_name})
+            ELSE 0
+       END AS released;
 
 -- name: job_fail
 -- running -> queued after a backoff, or -> dead (moved to finished_jobs) once the
@@ -1303,45 +1308,6 @@ INSERT INTO {schema}.job_dependencies (depends_on, job_id)
 SELECT depends_on, job_id
 FROM unnest(%(depends_on)s::bigint[], %(job_ids)s::bigint[]) AS pair (depends_on, job_id)
 ON CONFLICT DO NOTHING;
-
--- name: job_dependents_release
--- After job_ack_many, in its transaction: each waiting job that depends on the jobs it
--- acked counts them off its pending dependencies, and the ones left with none become
--- queued, waking their queues' workers. A new statement, so a new snapshot: it sees the
--- dependents of an enqueue that the ack waited for. Two acks of a job's last two
--- dependencies take turns on its row, and the second one counts from what the first
--- left, so the job is queued exactly once. Does nothing when the ack named no job with
--- dependents (the common case: one empty setting read).
-WITH acked AS (
-    SELECT unnest(coalesce(
-        nullif(current_setting('pgqueue.acked_with_dependents', true), '')::bigint[],
-        ARRAY[]::bigint[])) AS id
-),
-met AS (
-    SELECT dependency.job_id, count(*)::int AS jobs
-    FROM {schema}.job_dependencies AS dependency
-    JOIN acked ON acked.id = dependency.depends_on
-    GROUP BY dependency.job_id
-),
-released AS (
-    UPDATE {schema}.active_jobs AS job
-    SET pending_dependencies = job.pending_dependencies - met.jobs,
-        state = CASE WHEN job.pending_dependencies - met.jobs <= 0 THEN 'queued'
-                     ELSE 'waiting' END::{schema}.job_state
-    FROM met
-    WHERE job.id = met.job_id AND job.state = 'waiting'
-    RETURNING job.id, job.queue, job.state
-),
-woken AS (
-    SELECT pg_notify({channel_name}, wanted.queue)
-    FROM (SELECT DISTINCT queue FROM released WHERE state = 'queued') AS wanted
-    WHERE EXISTS (
-        SELECT FROM {schema}.queue_waiters AS waiter
-        WHERE waiter.queue = wanted.queue AND waiter.expires_at > now()
-    )
-)
-SELECT count(*) FILTER (WHERE state = 'queued') AS queued FROM released
-WHERE (SELECT count(*) FROM woken) >= 0;
 
 -- name: job_dependents_cancel
 -- waiting -> cancelled for the jobs that depend on %(ids)s, which ended dead or
