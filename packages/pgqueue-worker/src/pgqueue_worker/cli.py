@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import click
 import pluggy
@@ -88,7 +89,10 @@ def _env(flag: str) -> str:
     return "PGQUEUE_" + flag.upper().replace("-", "_")
 
 
-def _option(flag: str, *names: str, **kwargs: Any) -> Any:
+_Command = TypeVar("_Command", bound=Callable[..., Any])
+
+
+def _option(flag: str, *names: str, **kwargs: Any) -> Callable[[_Command], _Command]:
     """A ``--flag`` option that can also be set as ``PGQUEUE_FLAG``."""
     return click.option(f"--{flag}", *names, envvar=_env(flag), show_envvar=True, **kwargs)
 
@@ -307,7 +311,7 @@ def _option(flag: str, *names: str, **kwargs: Any) -> Any:
 )
 @database_options
 @click.pass_context
-def worker(ctx: click.Context, **options: Any) -> None:
+def worker(ctx: click.Context, /, **options: Any) -> None:
     """Run task handlers on jobs claimed from the queue.
 
     Handlers come from installed plugins, --plugin modules and --handlers dicts.

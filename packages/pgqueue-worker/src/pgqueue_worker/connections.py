@@ -56,7 +56,10 @@ def _connection_settings(queue: Queue) -> tuple[str, dict[str, Any]]:
     """The conninfo and connection keyword arguments of the queue's pool."""
     pool = queue.pool
     kwargs = pool.kwargs() if callable(pool.kwargs) else dict(pool.kwargs or {})
-    return pool.conninfo, kwargs
+    # A pool may take its conninfo from a function (psycopg_pool's dynamic conninfo):
+    # a connection of its own asks it now, as the pool does for each connection.
+    conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+    return conninfo, kwargs
 
 
 def sibling_queue(queue: Queue, application_name: str) -> Queue:

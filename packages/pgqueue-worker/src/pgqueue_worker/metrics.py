@@ -176,7 +176,7 @@ class MetricsServer:
     @property
     def port(self) -> int:
         """The port it listens on (useful after serving on port 0)."""
-        return self._server.server_address[1]
+        return int(self._server.server_address[1])
 
     def close(self) -> None:
         """Stop serving and free the port."""

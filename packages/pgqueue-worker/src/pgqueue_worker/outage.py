@@ -109,13 +109,20 @@ class DatabaseHealth:
         if self._down_since is None:  # the common case, without taking the lock
             self._seen_up = True
             return
+        lasted = self._end_outage()
+        if lasted is not None:
+            log.warning("database available again after %.1f s", lasted)
+
+    def _end_outage(self) -> float | None:
+        """End the outage under the lock and return how long it lasted, or None when
+        another thread ended it since the caller looked."""
         with self._lock:
             if self._down_since is None:
-                return
+                return None
             lasted = time.monotonic() - self._down_since
             self._down_since = None
             self._seen_up = True
-        log.warning("database available again after %.1f s", lasted)
+            return lasted
 
 
 def _describe(error: BaseException) -> str:

@@ -129,10 +129,10 @@ class OutcomeWriter(HandOffService):
         """Write ``batch``, failures first, one by one, then every success in one
         statement, adding each settled outcome to ``report`` and taking it out of
         ``batch``: if the database fails midway, a retry writes only what is left."""
-        for outcome in [o for o in batch if o.error is not None]:
+        for outcome, error in [(o, e) for o in batch if (e := o.error) is not None]:
             started = time.monotonic()
             try:
-                self.queue.fail(outcome.attempt.job, outcome.error)
+                self.queue.fail(outcome.attempt.job, error)
                 if self.on_statement is not None:
                     self.on_statement("fail", time.monotonic() - started)
             except LeaseLost:

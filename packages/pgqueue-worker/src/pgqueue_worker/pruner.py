@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from datetime import timedelta
 
 from pgqueue import JobState, Queue, ValidationError, validation
 from pgqueue_worker.outage import DatabaseHealth
@@ -49,7 +50,7 @@ class Retention:
         for state in (JobState.SUCCEEDED, JobState.CANCELLED, JobState.DEAD):
             validation.seconds(f"prune_{state.value}_after", getattr(self, state.value))
 
-    def rules(self) -> dict[JobState, float]:
+    def rules(self) -> dict[str | JobState, timedelta | float]:
         """The states to prune and their retention (0 means never, so it is left out)."""
         kept = {
             JobState.SUCCEEDED: self.succeeded,

@@ -343,7 +343,7 @@ class Worker:
             log.info(
                 "pruning finished jobs of every queue every %g s (one worker at a time): %s",
                 self.prune_interval,
-                self.retention.describe(),
+                pruner.retention.describe(),
             )
         executor.start()
         claimer.start()
@@ -397,7 +397,7 @@ class Worker:
             now = time.monotonic()
             self._collect(executor, now)
             if self.give_up_after is not None and not self._stop_requested:
-                self._give_up_if_down_too_long(now)
+                self._give_up_if_down_too_long(now, self.give_up_after)
 
             if self._stop_requested:
                 if stop_deadline is None:
@@ -437,11 +437,11 @@ class Worker:
             self._write_and_claim(claimer, writer, now)
             self._wake.wait(self._sleep_seconds(time.monotonic(), stop_deadline))
 
-    def _give_up_if_down_too_long(self, now: float) -> None:
+    def _give_up_if_down_too_long(self, now: float, give_up_after: float) -> None:
         """Stop, as on :meth:`stop`, once the database has been unavailable for
         ``give_up_after`` seconds; :meth:`run` then raises."""
         down_for = self._health.down_for(now)
-        if down_for < self.give_up_after:
+        if down_for < give_up_after:
             return
         cause = (self._health.cause or "database unavailable").removeprefix(
             "database unavailable: "
