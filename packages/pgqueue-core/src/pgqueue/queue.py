@@ -8,6 +8,7 @@ that transaction has committed.
 
 from __future__ import annotations
 
+import builtins  # Queue.list shadows list in the class body: its annotations say builtins.list
 import copy
 import logging
 import math
@@ -1102,7 +1103,7 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
         rows = self._rows("job_get_many_by_unique_key", {"unique_keys": [key]})
         return Job.from_row(rows[0]) if rows else None
 
-    def finished_per_minute(self, minutes: int = 60) -> list[FinishedMinute]:
+    def finished_per_minute(self, minutes: int = 60) -> builtins.list[FinishedMinute]:
         """Jobs finished per queue, state and minute over the last ``minutes`` minutes
         (the current one included), oldest first; minutes without any are left out.
         Reads only those minutes' jobs, however much history is kept."""
@@ -1113,7 +1114,7 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
             FinishedMinute(row["queue"], row["state"], row["minute"], row["jobs"]) for row in rows
         ]
 
-    def stats(self) -> list[QueueStats]:
+    def stats(self) -> builtins.list[QueueStats]:
         """Counts per queue and state, and the oldest runnable job's age, in one snapshot.
 
         Queued and running jobs are counted in the table of unfinished jobs, finished ones
@@ -1259,7 +1260,7 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
             workers={row["queue"]: row["workers"] for row in serving},
         )
 
-    def run_times(self, *, conn: psycopg.Connection | None = None) -> list[RunTimes]:
+    def run_times(self, *, conn: psycopg.Connection | None = None) -> builtins.list[RunTimes]:
         """Per queue and task, the histogram of how long succeeded attempts ran (claim
         to ack, on the database clock), as the ack statement counts them: a few rows
         per queue and task, however much history is kept. Pruning does not lower it."""
