@@ -32,7 +32,8 @@ class ApiProcessError(RuntimeError):
 def _healthy(base: str) -> bool:
     try:
         with urllib.request.urlopen(f"{base}/healthz", timeout=5) as answer:
-            return answer.status == 200
+            status: int = answer.status
+            return status == 200
     except (urllib.error.URLError, OSError):  # refused while starting, or 503
         return False
 

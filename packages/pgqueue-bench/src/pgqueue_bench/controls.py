@@ -40,7 +40,7 @@ from pgqueue import JobSpec, Queue
 from pgqueue_bench import database, environment, handlers, observe, results
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
 from pgqueue_bench.progress import LiveLine
-from pgqueue_bench.queries import statement, statement_in
+from pgqueue_bench.queries import one_row, statement, statement_in
 
 QUEUE_NAME = "bench_controls"
 STATEMENTS = "controls.sql"
@@ -86,8 +86,15 @@ class Starts:
     """Handler starts in a window of the database clock."""
 
     count: int
-    first: datetime | None
+    first: datetime | None  # None (as last) when the window holds no start
     last: datetime | None
+
+    def first_start(self) -> datetime:
+        """``first``, of a window that holds a start: the caller waited for one, and a
+        window open at its end only gains starts (delivery rows are never deleted)."""
+        if self.first is None:
+            raise RuntimeError("no handler start in a window that was seen to hold one")
+        return self.first
 
 
 class StartLog:
@@ -100,12 +107,13 @@ class StartLog:
 
     def now(self) -> datetime:
         """The database clock (an autocommit statement's now() is its own start)."""
-        return self.conn.execute(statement("database_now")).fetchone()[0]
+        now: datetime = one_row(self.conn.execute(statement("database_now")))[0]
+        return now
 
     def between(self, after: datetime | None = None, before: datetime | None = None) -> Starts:
         """The starts from ``after`` on and before ``before`` (None: unbounded)."""
         cur = self.conn.cursor(row_factory=dict_row)
-        row = cur.execute(self.query, {"after": after, "before": before}).fetchone()
+        row = one_row(cur.execute(self.query, {"after": after, "before": before}))
         return Starts(int(row["starts"]), row["first"], row["last"])
 
     def close(self) -> None:
@@ -151,14 +159,15 @@ def pause_cycle(queue: Queue, starts: StartLog, scenario: ControlsScenario) -> d
         interval=0.01,
         what="a start after the resume",
     )
-    first = starts.between(after=resumed_at).first
+    first = starts.between(after=resumed_at).first_start()
     time.sleep(scenario.run_seconds)
     return {
         "scenario": "pause_resume",
         "queued_at_pause": queued,
         "pause_command_ms": _ms(pause_returned, paused_at),
         "starts_after_pause": late.count,
-        "pause_to_quiet_ms": _ms(late.last, paused_at) if late.count else 0.0,
+        # last is None exactly when count is 0: both come from one aggregate.
+        "pause_to_quiet_ms": _ms(late.last, paused_at) if late.last is not None else 0.0,
         "resume_command_ms": _ms(resume_returned, resumed_at),
         "resume_to_first_start_ms": _ms(first, resumed_at),
     }
@@ -235,12 +244,12 @@ def run_concurrency_limit(
                 time.sleep(0.01)
         jobs = [job for job in observe.all_jobs(queue) if job.started_at is not None]
         with psycopg.connect(url) as conn:
-            first_starts = dict(
+            first_starts: dict[int, datetime] = dict(
                 conn.execute(
                     statement_in(STATEMENTS, "first_starts", schema=sql.Identifier(schema))
                 ).fetchall()
             )
-    first = min(job.started_at for job in jobs)
+    first = min(job.started_at for job in jobs if job.started_at is not None)
     last = max(job.finished_at for job in jobs if job.finished_at is not None)
     seconds = (last - first).total_seconds()
     return {
@@ -290,7 +299,7 @@ def run_rate_limit(
                     return starts.between().count > 0
 
                 observe.wait_for(started, scenario.timeout, what="the first start")
-                first = starts.between().first
+                first = starts.between().first_start()
                 end = first + timedelta(seconds=scenario.rate_window)
 
                 def window_over() -> bool:

@@ -31,7 +31,7 @@ from pgqueue import BatchItem, JobSpec, Queue
 from pgqueue_bench import database, environment, handlers, observe, results
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
 from pgqueue_bench.progress import LiveLine
-from pgqueue_bench.queries import schema_statement
+from pgqueue_bench.queries import one_row, schema_statement
 
 QUEUE_NAME = "bench_crash"
 
@@ -95,7 +95,7 @@ def _dependency_figures(url: str, schema: str) -> dict[str, int]:
     """Dependents delivered before every dependency of theirs had succeeded, and waiting
     jobs counted down below zero (released twice): both must be 0."""
     with psycopg.connect(url, row_factory=dict_row) as conn:
-        row = conn.execute(schema_statement("dependency_order", schema)).fetchone()
+        row = one_row(conn.execute(schema_statement("dependency_order", schema)))
     return dict(row)
 
 

@@ -16,7 +16,7 @@ from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
 
 from pgqueue import Queue, migrate
-from pgqueue_bench.queries import schema_statement, statement
+from pgqueue_bench.queries import one_row, schema_statement, statement
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,8 @@ def database_now(url: str) -> datetime:
     with psycopg.connect(url, connect_timeout=10) as conn:
         cur = conn.cursor(row_factory=dict_row)
         cur.execute(statement("database_now"))
-        return cur.fetchone()["now"]
+        now: datetime = one_row(cur)["now"]
+    return now
 
 
 def create_run_schema(url: str, prefix: str) -> str:

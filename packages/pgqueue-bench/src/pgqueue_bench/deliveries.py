@@ -21,7 +21,7 @@ from pathlib import Path
 import psycopg
 from psycopg.rows import dict_row
 
-from pgqueue_bench.queries import schema_statement
+from pgqueue_bench.queries import one_row, schema_statement
 
 INVOCATION_LOG_PREFIX = "invocations-"
 
@@ -153,7 +153,7 @@ def summarize(url: str, schema: str) -> DeliverySummary:
     with psycopg.connect(url, connect_timeout=10) as conn:
         cur = conn.cursor(row_factory=dict_row)
         cur.execute(schema_statement("delivery_summary", schema))
-        row = cur.fetchone()
+        row = one_row(cur)
     return DeliverySummary(
         delivery_rows=int(row["delivery_rows"]),
         jobs_delivered=int(row["jobs_delivered"]),

@@ -133,7 +133,7 @@ def run_case(name: str, url: str, settings: Settings, tools: Tools) -> dict[str,
     """Measure case ``name`` once on a fresh schema (peers: a fresh database)."""
     batch = settings.batch_size
     n = settings.connections
-    runners: dict[str, Callable[[], dict]] = {
+    runners: dict[str, Callable[[], dict[str, Any]]] = {
         "raw-insert-1": lambda: raw_case(url, settings, producers=1, copy=False, batch=1),
         "raw-insert-16": lambda: raw_case(url, settings, producers=n, copy=False, batch=1),
         "enqueue-1": lambda: queue_case(url, settings, producers=1, batch=1),

@@ -12,6 +12,7 @@ import subprocess
 import tempfile
 from importlib import resources
 from pathlib import Path
+from typing import Any, TypedDict
 
 from psycopg import sql
 
@@ -29,7 +30,35 @@ from pgqueue_bench.enqueue_settings import (
 WRK_MARKER = "wrk-json "
 
 
-def _wrk(wrk: str, port: int, path: str, body: Path, connections: int, seconds: int) -> dict:
+class WrkErrors(TypedDict):
+    """wrk's socket errors by kind, and answers with a status of 400 or more."""
+
+    connect: int
+    read: int
+    write: int
+    status: int
+    timeout: int
+
+
+class WrkLatency(TypedDict):
+    """Request latency in microseconds."""
+
+    p50: float
+    p99: float
+    mean: float
+    max: float
+
+
+class WrkCounts(TypedDict):
+    """What ``wrk_post.lua`` prints after a run."""
+
+    requests: int
+    duration_us: int
+    errors: WrkErrors
+    latency_us: WrkLatency
+
+
+def _wrk(wrk: str, port: int, path: str, body: Path, connections: int, seconds: int) -> WrkCounts:
     """One wrk run; what its script counted."""
     with resources.as_file(resources.files("pgqueue_bench").joinpath("wrk_post.lua")) as script:
         command = [wrk, "--threads", "1", "--connections", str(connections)]
@@ -41,19 +70,21 @@ def _wrk(wrk: str, port: int, path: str, body: Path, connections: int, seconds: 
     lines = [line for line in done.stdout.splitlines() if line.startswith(WRK_MARKER)]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"wrk exited {done.returncode}: {done.stderr.strip() or done.stdout}")
-    return json.loads(lines[-1].removeprefix(WRK_MARKER))
+    counted: WrkCounts = json.loads(lines[-1].removeprefix(WRK_MARKER))
+    return counted
 
 
-def _answered(counted: dict) -> int:
+def _answered(counted: WrkCounts) -> int:
     return counted["requests"] - counted["errors"]["status"]
 
 
-def http_case(url: str, settings: Settings, tools: Tools, *, batch: int) -> dict:
+def http_case(url: str, settings: Settings, tools: Tools, *, batch: int) -> dict[str, Any]:
     """Case ``http-*``: wrk POSTs one job to ``/jobs`` (``batch`` 1) or ``batch`` jobs
     to ``/jobs/batch`` of a real API on a fresh schema, for a warm-up and then for the
     measured run; the run's figures, verified against the jobs table with the requests
     still in flight allowed for, and requests per second and latency as wrk saw them."""
     assert tools.wrk is not None
+    body: dict[str, Any]
     if batch == 1:
         path, body = "/jobs", {"task": TASK, "payload": {"seq": 0}, "queue": QUEUE_NAME}
     else:

@@ -14,7 +14,7 @@ import psycopg
 from psycopg import sql
 
 from pgqueue_bench.enqueue_settings import STATEMENTS
-from pgqueue_bench.queries import statement_in
+from pgqueue_bench.queries import one_row, statement_in
 
 
 @dataclass
@@ -31,7 +31,7 @@ def count_rows(url: str, table: sql.Identifier) -> int:
     """Rows in ``table`` now."""
     with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
         query = statement_in(STATEMENTS, "rows_count", table=table)
-        return conn.execute(query).fetchone()[0]
+        return int(one_row(conn.execute(query))[0])
 
 
 def outcome(timing: Timing, stored: int, *, extra_allowed: int = 0) -> dict[str, Any]:

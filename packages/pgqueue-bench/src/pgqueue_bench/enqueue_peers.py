@@ -12,6 +12,7 @@ import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import click
 from psycopg import sql
@@ -40,7 +41,9 @@ def _run_peer_script(python: str, script: Path, *args: str, timeout: float) -> s
     return done.stdout
 
 
-def peer_case(url: str, settings: Settings, tools: Tools, *, peer: str, batch: int) -> dict:
+def peer_case(
+    url: str, settings: Settings, tools: Tools, *, peer: str, batch: int
+) -> dict[str, Any]:
     """Case ``<peer>-*``: the peer's setup script prepares a fresh database, then its
     enqueue script adds one job (``batch`` 1) or ``batch`` jobs per call and prints
     what it timed; the run's figures, verified against the peer's job table."""

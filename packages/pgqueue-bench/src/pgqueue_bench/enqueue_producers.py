@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from psycopg import sql
@@ -172,7 +173,9 @@ def plain_table(url: str) -> Iterator[str]:
         yield schema
 
 
-def raw_case(url: str, settings: Settings, *, producers: int, copy: bool, batch: int) -> dict:
+def raw_case(
+    url: str, settings: Settings, *, producers: int, copy: bool, batch: int
+) -> dict[str, Any]:
     """Case ``raw-*``: ``producers`` autocommit connections, a thread each, adding
     ``batch`` rows per call to ``plain_jobs`` of a fresh schema by INSERT (``copy``:
     by COPY); the run's figures, verified against the table."""
@@ -188,7 +191,7 @@ def raw_case(url: str, settings: Settings, *, producers: int, copy: bool, batch:
         return outcome(timing, count_rows(url, sql.Identifier(schema, "plain_jobs")))
 
 
-def queue_case(url: str, settings: Settings, *, producers: int, batch: int) -> dict:
+def queue_case(url: str, settings: Settings, *, producers: int, batch: int) -> dict[str, Any]:
     """Case ``enqueue-*``: ``producers`` threads on a pool as large, each calling
     ``Queue.enqueue`` (``batch`` 1) or ``Queue.enqueue_many`` of ``batch`` jobs, on a
     fresh schema; the run's figures, verified against the jobs table."""

@@ -46,7 +46,8 @@ def summarize(runs: list[dict[str, Any]], skipped: dict[str, str]) -> dict[str, 
         )
 
     def median(case: str, figure: str = "jobs_per_second") -> float | None:
-        return cases.get(case, {}).get(figure, {}).get("median")
+        found: float | None = cases.get(case, {}).get(figure, {}).get("median")
+        return found
 
     ratios = []
     for numerator, denominator, at_least in RATIOS:

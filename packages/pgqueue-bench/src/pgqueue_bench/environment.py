@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
-from pgqueue_bench.queries import statement
+from pgqueue_bench.queries import one_row, statement
 
 # The settings that decide how fast commits and claims can go.
 KEY_SETTINGS = (
@@ -92,7 +92,7 @@ def postgresql(database_url: str, server: str) -> dict[str, Any]:
     with psycopg.connect(database_url, connect_timeout=10) as conn:
         cur = conn.cursor(row_factory=dict_row)
         cur.execute(statement("server_version"))
-        version = cur.fetchone()
+        version = one_row(cur)
         cur.execute(statement("server_settings"), {"names": list(KEY_SETTINGS)})
         settings = {row["name"]: row["setting"] for row in cur.fetchall()}
     return {

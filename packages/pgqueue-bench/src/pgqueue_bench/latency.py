@@ -126,10 +126,14 @@ def run_latency(
             observe.wait_for(all_done, scenario.timeout, what="the measured jobs")
         progress.clear()
         jobs = [job for job in observe.all_jobs(queue) if job.id in measured]
-    first_claims = [job for job in jobs if job.attempts == 1 and job.started_at is not None]
+    first_claims = [
+        (job, started)
+        for job in jobs
+        if job.attempts == 1 and (started := job.started_at) is not None
+    ]
     latencies_ms = [
-        (job.started_at - max(job.run_at, job.enqueued_at)).total_seconds() * 1000
-        for job in first_claims
+        (started - max(job.run_at, job.enqueued_at)).total_seconds() * 1000
+        for job, started in first_claims
     ]
     enqueued = sorted(job.enqueued_at for job in jobs)
     produced_rate = (

@@ -93,7 +93,8 @@ class IsolatedNetwork:
         ready = self.process.stdout.readline().strip() if self.process.stdout else ""
         if ready != "ready":
             self.close()
-            raise RuntimeError(f"the namespace's proxy did not start: {self.process.stderr.read()}")
+            stderr = self.process.stderr.read() if self.process.stderr else ""
+            raise RuntimeError(f"the namespace's proxy did not start: {stderr}")
 
     @property
     def command_prefix(self) -> tuple[str, ...]:

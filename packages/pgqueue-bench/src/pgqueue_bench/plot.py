@@ -16,6 +16,8 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # the backend is chosen above, before pyplot loads
+from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from pgqueue_bench import results
 
@@ -40,7 +42,7 @@ def _series(
     return out
 
 
-def _draw_lines(axes, series: dict[str, dict[float, list[float]]]) -> None:
+def _draw_lines(axes: Axes, series: dict[str, dict[float, list[float]]]) -> None:
     for label, points in series.items():
         xs = sorted(points)
         medians = [sorted(points[x])[len(points[x]) // 2] for x in xs]
@@ -49,7 +51,7 @@ def _draw_lines(axes, series: dict[str, dict[float, list[float]]]) -> None:
         axes.errorbar(xs, medians, yerr=[lows, highs], marker="o", capsize=3, label=label)
 
 
-def _save(figure, path: Path) -> Path:
+def _save(figure: Figure, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     plt.close(figure)

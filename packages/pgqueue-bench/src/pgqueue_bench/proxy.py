@@ -16,7 +16,7 @@ import contextlib
 import socket
 import struct
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 LOOPBACK = "127.0.0.1"
 _POLL_SECONDS = 0.1
@@ -87,7 +87,7 @@ class FaultProxy:
 
     # -- moving bytes -----------------------------------------------------------------
 
-    def _spawn(self, target, name: str, *args: object) -> None:
+    def _spawn(self, target: Callable[..., object], name: str, *args: object) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         thread.start()

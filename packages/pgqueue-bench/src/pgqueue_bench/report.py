@@ -70,7 +70,10 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
 
 
 def _grouped(
-    runs: list[dict[str, Any]], row_key: str, column_key: str, value: Callable[[dict], Any]
+    runs: list[dict[str, Any]],
+    row_key: str,
+    column_key: str,
+    value: Callable[[dict[str, Any]], Any],
 ) -> dict[Any, dict[Any, list[float]]]:
     grid: dict[Any, dict[Any, list[float]]] = defaultdict(lambda: defaultdict(list))
     for run in runs:
@@ -723,7 +726,7 @@ def render(directory: Path | str | None = None) -> str:
     ]
     for name, section in SECTIONS.items():
         document = results.read(name, directory)
-        if not has_figures(document):
+        if document is None or not has_figures(document):
             continue
         lines += section(document)
         if name in FOOTERS:

@@ -32,7 +32,7 @@ from pgqueue import DatabaseUnavailable
 from pgqueue_bench import database, environment, handlers, observe, results
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
 from pgqueue_bench.progress import LiveLine
-from pgqueue_bench.queries import statement
+from pgqueue_bench.queries import one_row, statement
 from pgqueue_bench.servers import PrivateServer, ShutdownMode, binaries_for
 
 QUEUE_NAME = "bench_restart"
@@ -86,13 +86,15 @@ def _started_at_and_now(url: str) -> tuple[datetime, datetime] | None:
         with psycopg.connect(url, connect_timeout=2) as conn:
             cur = conn.cursor(row_factory=dict_row)
             cur.execute(statement("server_started_at"))
-            row = cur.fetchone()
+            row = one_row(cur)
             return row["started_at"], row["now"]
     except psycopg.Error:
         return None
 
 
-def restart_and_time(url: str, restart: Callable[[], None], timeout: float = 120) -> dict[str, Any]:
+def restart_and_time(
+    url: str, restart: Callable[[], object], timeout: float = 120
+) -> dict[str, Any]:
     """Run ``restart`` in the background and wait for a new postmaster to accept a
     connection. Returns the restart's start on the database clock and the seconds
     until the new server accepted a connection (database clock on both ends)."""
@@ -133,7 +135,7 @@ def restart_and_time(url: str, restart: Callable[[], None], timeout: float = 120
 def run_restart(
     url: str,
     scenario: RestartScenario,
-    restart: Callable[[], None],
+    restart: Callable[[], object],
     *,
     log_dir: Path,
     progress: LiveLine | None = None,

@@ -76,7 +76,8 @@ def read(name: str, directory: Path | str | None = None) -> dict[str, Any] | Non
     path = results_dir(directory) / f"{name}.json"
     if not path.exists():
         return None
-    return json.loads(path.read_text())
+    document: dict[str, Any] = json.loads(path.read_text())
+    return document
 
 
 def _json_default(value: Any) -> Any:

@@ -100,9 +100,14 @@ def _deadline(stop_at: Any | None) -> float | None:
     """The shared stop time, once the driver has set it (None: run until drained)."""
     if stop_at is None:
         return None
+    return _stop_time(stop_at)
+
+
+def _stop_time(stop_at: Any) -> float:
+    """The shared double ``stop_at``, once the driver has set it."""
     while stop_at.value == 0.0:
         time.sleep(0.001)
-    return stop_at.value
+    return float(stop_at.value)
 
 
 def backlog_producer(url: str, schema: str, backlog: int, ready: Any, stop_at: Any) -> None:
@@ -113,7 +118,8 @@ def backlog_producer(url: str, schema: str, backlog: int, ready: Any, stop_at: A
     chunk = max(1000, backlog // 2)
     try:
         ready.wait()
-        deadline = _deadline(stop_at)
+        # Only the soak runs a producer, and the soak always shares a stop time.
+        deadline = _stop_time(stop_at)
         while time.time() < deadline:
             queued = sum(m.jobs["queued"] for m in queue.metrics_snapshot().queues)
             if queued < backlog:
@@ -172,7 +178,7 @@ def collect_reports(reports: Any, processes: list[Any], timeout: float) -> list[
     """One report from each of ``processes``, off the ``reports`` queue. Raises when
     they are not all in after ``timeout`` seconds, or when every process has exited and
     a report is still missing."""
-    collected = []
+    collected: list[dict[str, Any]] = []
     deadline = time.monotonic() + timeout
     while len(collected) < len(processes):
         try:

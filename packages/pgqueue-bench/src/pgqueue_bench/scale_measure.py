@@ -106,7 +106,7 @@ def measure_drain(
         "claims": len(latencies),
         "heap_pages_of_measured_jobs": placement["pages"],
         "server_cpu_us_per_job": (cpu_after - cpu_before) / acked * 1e6
-        if cpu_before is not None and acked
+        if cpu_before is not None and cpu_after is not None and acked
         else None,
         "client_cpu_us_per_job": sum(r["cpu_seconds"] for r in reports_list) / acked * 1e6
         if acked

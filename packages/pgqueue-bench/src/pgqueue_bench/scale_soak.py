@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 import uuid
-from typing import Any
+from typing import Any, TypedDict
 
 import psycopg
 
@@ -92,6 +92,20 @@ def _soak_sample(url: str, schema: str, elapsed: float, held: bool) -> dict[str,
     }
 
 
+class SoakWindow(TypedDict):
+    """One window of the soak: its start (seconds into the soak), the horizon's phase
+    at its middle, its throughput and claim latency, and the table's state at the
+    first sample from its start on."""
+
+    t: float
+    phase: str
+    jobs_per_second: float
+    claim_latency_ms: dict[str, float]
+    n_dead_tup: int | None
+    claim_index_bytes: int | None
+    active_table_bytes: int | None
+
+
 def _phase(t: float, hold_from: float, hold_until: float) -> str:
     if t < hold_from:
         return "before"
@@ -117,7 +131,7 @@ def _soak_summary(
                 continue
             acked[index] = acked.get(index, 0) + entry["acked"]
             latencies.setdefault(index, []).extend(entry["claim_latencies"])
-    windows = []
+    windows: list[SoakWindow] = []
     for index in sorted(acked):
         t = index * window
         if t + window > scenario.soak_seconds + 1:

@@ -27,7 +27,7 @@ def statement(name: str, schema: str) -> sql.Composed:
 
 def run_statement(
     url: str, name: str, schema: str, params: dict[str, Any] | None = None
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """Run the statement called ``name`` for ``schema`` with ``params`` on a connection
     of its own; its rows, none for a statement that returns none."""
     with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:

@@ -22,11 +22,13 @@ def _median(values: list[float]) -> float | None:
 def _pair_ratios(mine: list[dict[str, Any]], key: str) -> list[float]:
     """history / baseline of ``key`` for each repeat: the two runs of a repeat are
     back to back, so whatever else the machine was doing weighs on both alike."""
-    ratios = []
+    ratios: list[float] = []
     for repeat in sorted({r["repeat"] for r in mine}):
         pair = {r["schema"]: r.get(key) for r in mine if r["repeat"] == repeat}
-        if pair.get("history") and pair.get("baseline"):
-            ratios.append(pair["history"] / pair["baseline"])
+        history: float | None = pair.get("history")
+        baseline: float | None = pair.get("baseline")
+        if history and baseline:
+            ratios.append(history / baseline)
     return ratios
 
 
@@ -47,7 +49,7 @@ def summarize_sizes(
         size = entry["history_rows"]
         mine = [r for r in runs if r["history_rows"] == size and r["verified"]]
 
-        def of(schema: str, key: str, mine=mine) -> list[float]:
+        def of(schema: str, key: str, mine: list[dict[str, Any]] = mine) -> list[float]:
             return [r[key] for r in mine if r["schema"] == schema and r.get(key) is not None]
 
         history_spread = results.spread(of("history", "jobs_per_second"))

@@ -156,7 +156,7 @@ def free_port(host: str = LOOPBACK) -> int:
     """A TCP port that was free a moment ago (the server retries if it is taken since)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
-        return sock.getsockname()[1]
+        return int(sock.getsockname()[1])
 
 
 class PrivateServer:
@@ -433,7 +433,7 @@ class PrivateServer:
         """``pg_terminate_backend`` every client backend (of one application); returns
         how many were terminated."""
         rows = self.execute("backend_terminate", {"application_name": application_name})
-        return rows[0]["terminated"]
+        return int(rows[0]["terminated"])
 
     def kill_backends(self, application_name: str | None = None) -> list[int]:
         """SIGKILL client backends. The postmaster answers by resetting every backend

@@ -5,6 +5,7 @@ injected at that moment. Samples the database could not answer are gaps, not zer
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # the backend is chosen above, before pyplot loads
+from matplotlib.axes import Axes
 from matplotlib.patches import Patch
 
 from pgqueue_bench.plot import machine_note
@@ -31,10 +33,15 @@ SHOWN_TABLES = ("active_jobs", "finished_jobs", "job_audit", "job_dependencies",
 
 
 def _minutes(sample: dict[str, Any]) -> float:
-    return sample["elapsed_seconds"] / 60
+    return float(sample["elapsed_seconds"]) / 60
 
 
-def _line(axes, samples: list[dict[str, Any]], value, **style) -> None:
+def _line(
+    axes: Axes,
+    samples: list[dict[str, Any]],
+    value: Callable[[dict[str, Any]], Any],
+    **style: Any,
+) -> None:
     """One series; a sample without a value (missing) breaks the line."""
     xs = [_minutes(s) for s in samples]
     ys = [value(s) for s in samples]
@@ -50,49 +57,59 @@ def _db(sample: dict[str, Any], *path: str) -> Any:
     return value
 
 
-def _panels(axes_list, samples: list[dict[str, Any]]) -> None:
+def _db_at(*path: str) -> Callable[[dict[str, Any]], Any]:
+    """The series of the database figure at ``path`` in each sample."""
+    return lambda sample: _db(sample, *path)
+
+
+def _rss_of(label: str) -> Callable[[dict[str, Any]], Any]:
+    """The series of process ``label``'s memory (read from /proc, so never missing)."""
+    return lambda sample: sample.get("rss_mib", {}).get(label)
+
+
+def _panels(axes_list: Sequence[Axes], samples: list[dict[str, Any]]) -> None:
     throughput, depth, pickup, rss, connections, sizes, dead = axes_list
-    _line(throughput, samples, lambda s: _db(s, "throughput_per_second"), color="tab:blue")
+    _line(throughput, samples, _db_at("throughput_per_second"), color="tab:blue")
     throughput.set_ylabel("finished\njobs/s")
     for state, colour in (
         ("queued", "tab:blue"),
         ("running", "tab:green"),
         ("waiting", "tab:pink"),
     ):
-        _line(depth, samples, lambda s, st=state: _db(s, "depth", st), label=state, color=colour)
+        _line(depth, samples, _db_at("depth", state), label=state, color=colour)
     depth.set_ylabel("jobs in\nthe queue")
     depth.legend(loc="upper left", fontsize=7, ncol=3)
-    _line(pickup, samples, lambda s: _db(s, "pickup_p99_seconds"), color="tab:red")
+    _line(pickup, samples, _db_at("pickup_p99_seconds"), color="tab:red")
     pickup.set_ylabel("p99 pickup\n(s, log)")
     pickup.set_yscale("log")
     labels = sorted({label for s in samples for label in s.get("rss_mib", {})})
     for label in labels:
         style = {"color": "black", "linewidth": 1.5} if label.startswith("api") else {"alpha": 0.8}
-        _line(rss, samples, lambda s, lb=label: s.get("rss_mib", {}).get(lb), **style)
+        _line(rss, samples, _rss_of(label), **style)
     rss.set_ylabel("RSS MiB\n(per process)")
     rss.text(0.01, 0.9, "black: API; one line per worker pid", transform=rss.transAxes, fontsize=7)
-    _line(connections, samples, lambda s: _db(s, "connections", "total"), color="tab:green")
+    _line(connections, samples, _db_at("connections", "total"), color="tab:green")
     connections.set_ylabel("open\nconnections")
     tables = [t for t in SHOWN_TABLES if any(t in (_db(s, "tables") or {}) for s in samples)]
     for table in tables:
         # The audit trail is the soak's instrument, not pgqueue's: it grows by design.
         label = f"{table} (the soak's audit)" if table == "job_audit" else table
-        _line(sizes, samples, lambda s, t=table: _db(s, "tables", t, "table_mib"), label=label)
+        _line(sizes, samples, _db_at("tables", table, "table_mib"), label=label)
         _line(
             sizes,
             samples,
-            lambda s, t=table: _db(s, "tables", t, "index_mib"),
+            _db_at("tables", table, "index_mib"),
             linestyle="--",
             color=sizes.lines[-1].get_color(),
         )
-        _line(dead, samples, lambda s, t=table: _db(s, "tables", t, "dead_tuples"), label=label)
+        _line(dead, samples, _db_at("tables", table, "dead_tuples"), label=label)
     sizes.set_ylabel("MiB (solid: table,\ndashed: indexes)")
     sizes.legend(loc="upper left", fontsize=7, ncol=3)
     dead.set_ylabel("dead tuples\n(reset by a crash)")
     dead.legend(loc="upper left", fontsize=7, ncol=3)
 
 
-def _mark_faults(axes_list, faults: list[dict[str, Any]]) -> list[Patch]:
+def _mark_faults(axes_list: Sequence[Axes], faults: list[dict[str, Any]]) -> list[Patch]:
     seen: dict[str, str] = {}
     for fault in faults:
         colour = FAULT_COLOURS.get(fault["kind"], "tab:gray")

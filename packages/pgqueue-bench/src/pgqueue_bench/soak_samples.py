@@ -23,7 +23,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
-from pgqueue_bench.queries import statement_in
+from pgqueue_bench.queries import one_row, statement_in
 from pgqueue_bench.soak_tasks import LIMITED_QUEUE
 
 SQL_FILE = "soak.sql"
@@ -105,7 +105,7 @@ class Sampler:
                 self._statement("soak_window"),
                 {"after": self._last_id, "limited_queue": LIMITED_QUEUE},
             )
-            window = cur.fetchone()
+            window = one_row(cur)
             cur.execute(self._statement("soak_depth"))
             depth = {row["state"]: row["jobs"] for row in cur.fetchall()}
             cur.execute(self._statement("soak_connections"))

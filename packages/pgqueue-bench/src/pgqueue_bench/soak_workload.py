@@ -97,6 +97,8 @@ class JobMix:
         """One job of the main queue: failing, timing out, or ordinary."""
         s = self.settings
         draw = self.rng.random()
+        payload: dict[str, bool | float]
+        limit: float | None
         if draw < s.failing_share:
             payload, attempts, limit = {"fail": True}, s.failing_max_attempts, None
         elif draw < s.failing_share + s.timing_out_share:

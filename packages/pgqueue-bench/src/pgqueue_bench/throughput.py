@@ -96,11 +96,12 @@ def _warm_up(queue: Queue, workers: int, timeout: float, progress: LiveLine, lab
     while time.monotonic() < deadline:
         specs = [JobSpec(handlers.NOOP_TASK, {"warmup": True}, queue=QUEUE_NAME)] * workers
         enqueued += observe.enqueue_in_batches(queue, specs)
-        expected = len(enqueued)
+
+        def warmed_up(expected: int = len(enqueued)) -> bool:
+            return observe.state_counts(queue, QUEUE_NAME)["succeeded"] >= expected
+
         observe.wait_for(
-            lambda expected=expected: (
-                observe.state_counts(queue, QUEUE_NAME)["succeeded"] >= expected
-            ),
+            warmed_up,
             max(1.0, deadline - time.monotonic()),
             what="the warm-up jobs",
         )

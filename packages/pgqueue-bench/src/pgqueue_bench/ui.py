@@ -92,7 +92,9 @@ def history_window(end: float, scenario: UiScenario) -> HistoryWindow:
     return HistoryWindow(start=end - span, end=end, total=scenario.finished)
 
 
-def load(url: str, schema: str, scenario: UiScenario, progress: LiveLine) -> tuple[Loaded, dict]:
+def load(
+    url: str, schema: str, scenario: UiScenario, progress: LiveLine
+) -> tuple[Loaded, dict[str, Any]]:
     """Fill ``schema``: the finished jobs, then the queued and running ones, workers and
     schedules. Returns what the pages ask about and the history load's timings."""
     window = history_window(database.database_now(url).timestamp(), scenario)
@@ -226,7 +228,9 @@ def measure(base: str, loaded: Loaded, requests: int, progress: LiveLine) -> dic
     }
 
 
-def summarize(timings: Mapping[str, Iterable[float]], budget_ms: float = BUDGET_MS) -> dict:
+def summarize(
+    timings: Mapping[str, Iterable[float]], budget_ms: float = BUDGET_MS
+) -> dict[str, Any]:
     """Per page p50, p99 and max (milliseconds) and the number of requests; the worst
     p99 and its page, and whether every p99 is under ``budget_ms``."""
     per_page = {}
