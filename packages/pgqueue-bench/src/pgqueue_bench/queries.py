@@ -11,11 +11,10 @@ from __future__ import annotations
 import re
 from functools import cache
 from importlib import resources
-from typing import TypeVar
 
-from psycopg import Cursor, sql
+from psycopg import sql
 
-_Row = TypeVar("_Row")
+from pgqueue.queries import one_row as one_row  # re-exported: the drivers read it here
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -60,12 +59,3 @@ def schema_statement_in(filename: str, name: str, schema: str) -> sql.Composed:
     """The statement called ``name`` in ``sql/<filename>``, for the tables of ``schema``:
     :func:`schema_statement` for a driver with statements of its own."""
     return statement_in(filename, name, schema=sql.Identifier(schema))
-
-
-def one_row(cur: Cursor[_Row]) -> _Row:
-    """The row of a statement just executed on ``cur`` that always returns exactly one
-    (an aggregate, ``now()``, a setting): its absence is a broken statement, not data."""
-    row = cur.fetchone()
-    if row is None:
-        raise RuntimeError("a statement that always returns one row returned none")
-    return row

@@ -6,15 +6,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from pgqueue.cli import COMMAND_EXIT_STATUSES, _echo_json, database_options, open_queue
 from pgqueue.queue_control import UNSET, QueueInfo
 
+# click types ParamType as generic from 8.2 on; older ones, which pgqueue accepts, cannot
+# be subscripted at run time.
+if TYPE_CHECKING:
+    _ParamType = click.ParamType[Any]
+else:
+    _ParamType = click.ParamType
 
-class _LimitType(click.ParamType):
+
+class _LimitType(_ParamType):
     """A limit: a number, or ``none`` for no limit."""
 
     def __init__(self, kind: type) -> None:

@@ -58,7 +58,8 @@ that finished while the first read waited for its row is found by the second (a 
 statement, a new snapshot); an id found nowhere twice is no job."""
 
 
-class BatchItem(NamedTuple):
+@dataclasses.dataclass(frozen=True)
+class BatchItem:
     """In ``depends_on``, an earlier item of the same ``enqueue_many`` call, by its
     position (from 0): the job that item created or returned."""
 
@@ -84,7 +85,7 @@ def checked(value: object) -> tuple[int | BatchItem, ...]:
     order given; ValidationError for anything else."""
     if isinstance(value, (str, bytes, dict)) or not hasattr(value, "__iter__"):
         raise ValidationError("depends_on", "must be a list of job ids")
-    items = tuple(dict.fromkeys(value))  # type: ignore[arg-type]
+    items = tuple(dict.fromkeys(value))
     if len(items) > MAX_DEPENDENCIES:
         raise ValidationError("depends_on", f"at most {MAX_DEPENDENCIES:,} dependencies")
     for item in items:
@@ -108,7 +109,10 @@ def check_batch_items(specs: Sequence[JobSpec]) -> None:
 
 
 def insert_with_dependencies(
-    cur: psycopg.Cursor, schema: str, specs: Sequence[JobSpec], trace_context: str | None
+    cur: psycopg.Cursor[dict[str, Any]],
+    schema: str,
+    specs: Sequence[JobSpec],
+    trace_context: str | None,
 ) -> tuple[list[EnqueueResult], list[IdempotencyMismatch]]:
     """Enqueue ``specs``, some with ``depends_on``, on ``cur`` (a dict-row jsonb cursor)
     in its connection's transaction, in order: the items without dependencies between
@@ -169,7 +173,9 @@ def _resolve(dependency: int | BatchItem, results: list[EnqueueResult]) -> int:
     return dependency
 
 
-def _states(cur: psycopg.Cursor, schema: str, ids: list[int], index: int | None) -> dict[int, str]:
+def _states(
+    cur: psycopg.Cursor[dict[str, Any]], schema: str, ids: list[int], index: int | None
+) -> dict[int, str]:
     """Each dependency's state, its row marked as having dependents (see
     ``job_dependencies_lock``). Raises UnknownDependencies for ids that are no job."""
     states: dict[int, str] = {}
@@ -184,7 +190,7 @@ def _states(cur: psycopg.Cursor, schema: str, ids: list[int], index: int | None)
 
 
 def cancel_dependents(
-    cur: psycopg.Cursor, schema: str, failed: Sequence[tuple[int, str]]
+    cur: psycopg.Cursor[dict[str, Any]], schema: str, failed: Sequence[tuple[int, str]]
 ) -> list[Job]:
     """Cancel the waiting jobs that depend on ``failed`` ((id, state) of jobs that
     ended dead or cancelled), and theirs in turn, in ``cur``'s transaction: the jobs
@@ -203,8 +209,10 @@ def cancel_dependents(
     return cancelled
 
 
-def dependencies_of(cur: psycopg.Cursor, schema: str, job_id: int) -> JobDependencies:
+def dependencies_of(
+    cur: psycopg.Cursor[dict[str, Any]], schema: str, job_id: int
+) -> JobDependencies:
     """Both directions of ``job_id``'s dependencies."""
     cur.execute(queries.bind("job_dependencies_get", schema), {"id": job_id})
-    row = cur.fetchone()
+    row = queries.one_row(cur)
     return JobDependencies(list(row["depends_on"]), list(row["dependents"]))

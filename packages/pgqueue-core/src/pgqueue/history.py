@@ -165,12 +165,13 @@ def drop_expired_days(
             with _step(conn, schema, guard) as go:
                 if not go:
                     return None if removed == 0 else removed
-                parts = {"partition": sql.Identifier(day.name)}
-                conn.execute(queries.compose("history_day_lock", schema, **parts))
-                jobs = conn.execute(
-                    queries.compose("history_day_release", schema, **parts)
-                ).fetchone()[0]  # type: ignore[index]
-                conn.execute(queries.compose("history_day_drop", schema, **parts))
+                partition = sql.Identifier(day.name)
+                conn.execute(queries.compose("history_day_lock", schema, partition=partition))
+                released = conn.execute(
+                    queries.compose("history_day_release", schema, partition=partition)
+                )
+                jobs = queries.one_row(released)[0]
+                conn.execute(queries.compose("history_day_drop", schema, partition=partition))
             removed += jobs
             log.info("dropped %s (%d jobs past their retention)", day.name, jobs)
         except psycopg.errors.LockNotAvailable:

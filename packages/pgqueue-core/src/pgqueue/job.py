@@ -156,7 +156,7 @@ class Job:
         heartbeat, so this turns True within about one heartbeat interval. Always
         False for a job no worker is running.
         """
-        return self.__dict__.get("_cancelled", False)
+        return bool(self.__dict__.get("_cancelled", False))
 
     def wait_cancelled(self, timeout: float | None = None) -> bool:
         """Wait until this attempt is called off (see :attr:`cancelled`) or ``timeout``

@@ -13,8 +13,8 @@ rest of the row, and of the result, as usual.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Literal, overload
 
 import psycopg
 from psycopg.rows import dict_row, tuple_row
@@ -36,16 +36,14 @@ class UndecodableJson(str):
         return value
 
 
-def load_json(data: bytes) -> Any:
+def load_json(data: str | bytes) -> Any:
     """``json.loads``, except that a value nested too deeply for Python comes back as
     :class:`UndecodableJson` instead of raising."""
     try:
         return json.loads(data)
     except RecursionError:
-        return UndecodableJson(
-            data.decode("utf-8", errors="replace"),
-            "JSON nested more deeply than Python can decode",
-        )
+        text = data.decode("utf-8", errors="replace") if isinstance(data, bytes) else data
+        return UndecodableJson(text, "JSON nested more deeply than Python can decode")
 
 
 def load_json_texts(texts: Sequence[str | None]) -> list[Any]:
@@ -63,15 +61,28 @@ def load_json_texts(texts: Sequence[str | None]) -> list[Any]:
     return [None if text is None else next(loaded) for text in texts]
 
 
+# psycopg reads _loads from the class (an attribute, not a method), as annotated here.
 class _TolerantJsonbLoader(JsonbLoader):
-    _loads = load_json
+    _loads: Callable[[str | bytes], Any] = load_json
 
 
 class _TolerantJsonbBinaryLoader(JsonbBinaryLoader):
-    _loads = load_json
+    _loads: Callable[[str | bytes], Any] = load_json
 
 
-def cursor(conn: psycopg.Connection, *, tuples: bool = False) -> psycopg.Cursor:
+@overload
+def cursor(
+    conn: psycopg.Connection[Any], *, tuples: Literal[False] = False
+) -> psycopg.Cursor[dict[str, Any]]: ...
+
+
+@overload
+def cursor(
+    conn: psycopg.Connection[Any], *, tuples: Literal[True]
+) -> psycopg.Cursor[tuple[Any, ...]]: ...
+
+
+def cursor(conn: psycopg.Connection[Any], *, tuples: bool = False) -> psycopg.Cursor[Any]:
     """A dict-row cursor (tuple rows with ``tuples=True``) on ``conn`` that reads jsonb
     with :func:`load_json`. The loaders are the cursor's own: the connection, which may
     be the caller's, is left as it is."""

@@ -51,7 +51,7 @@ def is_keyed(spec: JobSpec) -> bool:
 
 
 def insert_keyed(
-    cur: psycopg.Cursor,
+    cur: psycopg.Cursor[dict[str, Any]],
     schema: str,
     specs: Sequence[JobSpec],
     trace_context: str | None,
@@ -91,7 +91,7 @@ def insert_keyed(
                 by_unique.append(index)
                 if row["took_key"]:
                     key = spec.idempotency_key
-                    released.append((key, row["reserved_id"]))  # type: ignore[arg-type]
+                    released.append((key, row["reserved_id"]))
         if released:
             cur.execute(
                 queries.bind("idempotency_keys_release", schema),
@@ -111,7 +111,7 @@ def insert_keyed(
 
 
 def _insert(
-    cur: psycopg.Cursor,
+    cur: psycopg.Cursor[dict[str, Any]],
     schema: str,
     specs: list[JobSpec],
     waits: list[int | None],
@@ -132,7 +132,7 @@ def _insert(
 
 
 def _idempotency_holders(
-    cur: psycopg.Cursor, schema: str, specs: Sequence[JobSpec], indexes: list[int]
+    cur: psycopg.Cursor[dict[str, Any]], schema: str, specs: Sequence[JobSpec], indexes: list[int]
 ) -> list[tuple[int, tuple[Job, list[str]]]]:
     """For the specs at ``indexes``, the job holding each one's idempotency key and which
     of task, queue and payload differ from the spec's. A key whose row was committed by
@@ -158,7 +158,7 @@ def _idempotency_holders(
 
 
 def _unique_holders(
-    cur: psycopg.Cursor, schema: str, specs: Sequence[JobSpec], indexes: list[int]
+    cur: psycopg.Cursor[dict[str, Any]], schema: str, specs: Sequence[JobSpec], indexes: list[int]
 ) -> list[tuple[int, Job]]:
     """For the specs at ``indexes``, the queued or running job holding each one's unique
     key (not compared with the spec). A key whose holder finished since the insert is

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import Any
+from typing import Any, cast
 
 import pluggy
 from pluggy import HookImpl
@@ -374,7 +374,9 @@ class LifecycleHooks:
             # raise; then the wrapper is left out and the call goes on with the result
             # it was handed (for an old-style wrapper pluggy ignores what this returns).
             try:
-                teardown = function(*args, **kwargs)
+                # pluggy types an implementation's result as object; a wrapper's is
+                # the generator its function returns.
+                teardown = cast(Generator[None, Any, Any], function(*args, **kwargs))
                 next(teardown)
             except Exception:  # StopIteration too: a wrapper must yield once
                 self._failed(hook_name, impl)
@@ -451,5 +453,7 @@ def describe_plugins(pm: pluggy.PluginManager) -> list[PluginInfo]:
 def _entrypoint_dists(pm: pluggy.PluginManager) -> list[tuple[str, Any]]:
     found = []
     for plugin, dist in pm.list_plugin_distinfo():
-        found.append((pm.get_name(plugin), dist))
+        name = pm.get_name(plugin)
+        if name is not None:  # plugins loaded from entry points are registered by name
+            found.append((name, dist))
     return found

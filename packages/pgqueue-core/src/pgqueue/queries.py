@@ -5,10 +5,13 @@ from __future__ import annotations
 import re
 from functools import cache
 from importlib import resources
+from typing import TypeVar
 
-from psycopg import sql
+from psycopg import Cursor, sql
 
 from pgqueue.settings import notify_channel
+
+_Row = TypeVar("_Row")
 
 _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
@@ -68,3 +71,13 @@ def compose(
         channel_name=sql.Literal(notify_channel(schema)),
         **parts,
     )
+
+
+def one_row(cur: Cursor[_Row]) -> _Row:
+    """The row of a statement just executed on ``cur`` that always returns exactly one
+    (an aggregate, ``now()``, a setting, an UPDATE of a row held locked): its absence
+    is a broken statement, not data."""
+    row = cur.fetchone()
+    if row is None:
+        raise RuntimeError("a statement that always returns one row returned none")
+    return row

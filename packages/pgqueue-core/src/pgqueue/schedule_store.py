@@ -44,6 +44,7 @@ import psycopg
 from pgqueue import jsonb
 from pgqueue.errors import IdempotencyConflict, ValidationError
 from pgqueue.locks import advisory_key
+from pgqueue.queries import one_row
 from pgqueue.schedules import (
     Schedule,
     ScheduleError,
@@ -132,7 +133,7 @@ class ScheduleMethods:
                 self._sql("schedule_set_enabled"),
                 {"name": name, "enabled": enabled, "next_run_at": next_run_at},
             )
-            info = ScheduleInfo.from_row(cur.fetchone())
+            info = ScheduleInfo.from_row(one_row(cur))
         log.info("schedule %s %s by the operator", name, "enabled" if enabled else "disabled")
         return info
 
@@ -180,7 +181,7 @@ class ScheduleMethods:
                 report.removed.extend(gone)
         return report
 
-    def _add(self, cur: psycopg.Cursor, schedule: Schedule, now: datetime) -> None:
+    def _add(self, cur: psycopg.Cursor[dict[str, Any]], schedule: Schedule, now: datetime) -> None:
         next_run_at = next_tick(schedule.cron, schedule.timezone, now)
         cur.execute(
             self._sql("schedule_insert"),
@@ -198,7 +199,11 @@ class ScheduleMethods:
         )
 
     def _redefine(
-        self, cur: psycopg.Cursor, schedule: Schedule, row: Mapping[str, Any], now: datetime
+        self,
+        cur: psycopg.Cursor[dict[str, Any]],
+        schedule: Schedule,
+        row: Mapping[str, Any],
+        now: datetime,
     ) -> bool:
         """Update ``row`` to ``schedule`` if it differs or was removed; True if it did."""
         changed = _changed_fields(schedule, row)
@@ -244,7 +249,7 @@ class ScheduleMethods:
         with self._connection() as conn:
             cur = jsonb.cursor(conn)
             cur.execute(self._sql("scheduler_try_lock"), {"key": _lock_key(self.schema)})
-            if not cur.fetchone()["locked"]:
+            if not one_row(cur)["locked"]:
                 return ScheduleRound(False, [], _next_due(cur, self._sql))
             cur.execute(self._sql("schedules_due"))
             due = cur.fetchall()
@@ -357,16 +362,20 @@ def _lock_key(schema: str) -> int:
     return advisory_key("schedule", schema)
 
 
-def _database_now(cur: psycopg.Cursor, sql: Any, rows: Mapping[str, Any]) -> datetime:
+def _database_now(
+    cur: psycopg.Cursor[dict[str, Any]], sql: Any, rows: Mapping[str, Any]
+) -> datetime:
     if rows:
-        return next(iter(rows.values()))["now"]
+        read: datetime = next(iter(rows.values()))["now"]
+        return read
     cur.execute(sql("database_now"))
-    return cur.fetchone()["now"]
+    now: datetime = one_row(cur)["now"]
+    return now
 
 
-def _next_due(cur: psycopg.Cursor, sql: Any) -> float | None:
+def _next_due(cur: psycopg.Cursor[dict[str, Any]], sql: Any) -> float | None:
     cur.execute(sql("schedule_next_due"))
-    seconds = cur.fetchone()["seconds"]
+    seconds = one_row(cur)["seconds"]
     return None if seconds is None else max(0.0, float(seconds))
 
 

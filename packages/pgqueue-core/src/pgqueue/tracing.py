@@ -33,17 +33,22 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from pgqueue.job import Job
 
+from types import ModuleType
+
+_API: ModuleType | None
 try:
     from opentelemetry import propagate, trace
+
+    _API = trace
 except ImportError:  # the otel extra is not installed: tracing is off
-    trace = None  # type: ignore[assignment]
+    _API = None
 
 MESSAGING_SYSTEM = "pgqueue"
 # The variable through which OpenTelemetry's API loads a tracer provider by name.
 _PROVIDER_VARIABLE = "OTEL_PYTHON_TRACER_PROVIDER"
 TRACER_NAME = "pgqueue"
 
-if trace is not None:
+if _API is not None:
     _get_tracer_provider = trace.get_tracer_provider
     # The API's own providers record nothing: the proxy it hands out until an
     # application sets a provider, and the no-op one.
