@@ -778,44 +778,6 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
                 written = read_acks()
         return self._settle_acks(storable, written, unstorable)
 
-    def ack_and_claim(
-        self,
-        outcomes: Iterable[tuple[Job, Any]],
-        queues: Collection[str],
-        tasks: Collection[str],
-        limit: int,
-        *,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        worker_id: str | None = None,
-        mode: str = "skip-locked",
-        waiter: Waiter | None = None,
-    ) -> tuple[AckBatch, list[Job]]:
-        """``ack_many(outcomes)`` and ``claim(queues, tasks, limit, ...)`` in one
-        transaction, sent to the server in one pipeline: a busy worker pays one commit
-        and about one round trip per batch instead of two of each.
-
-        Both commit or neither does. ``on_success`` runs for the acked jobs after the
-        commit; the claimed ones get no hook here (see :meth:`claim`).
-        """
-        storable, unstorable = _split_storable(outcomes, self.max_result_bytes)
-        params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode, waiter)
-        written: _AckWritten | None = None
-        claimed: list[Job] = []
-        if storable or params is not None:
-            with self._connection() as conn:
-                with conn.pipeline():
-                    if storable:
-                        read_acks = self._send_acks(conn, storable)
-                    if params is not None:
-                        claim = self._send_claim(conn, params, mode)
-                    _send_commit(conn)
-                if storable:
-                    written = read_acks()
-                if params is not None:
-                    claimed = claim()
-        batch = self._settle_acks(storable, written, unstorable)
-        return batch, self._refuse_undecodable(claimed)
-
     def _send_acks(
         self, conn: psycopg.Connection, storable: list[_Storable]
     ) -> Callable[[], _AckWritten]:

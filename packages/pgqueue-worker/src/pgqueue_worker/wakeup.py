@@ -100,7 +100,6 @@ class Listener:
         self._poll_interval = poll_interval
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pgqueue-listen", daemon=True)
-        self.listening = False
 
     def start(self) -> None:
         """Start listening on a thread of its own."""
@@ -119,7 +118,6 @@ class Listener:
             try:
                 with self._connect() as conn:
                     self.queue.listen(conn)
-                    self.listening = True
                     backoff.reset()
                     if broken_since_logged:
                         log.warning("listening on channel %s again", self.channel)
@@ -131,7 +129,6 @@ class Listener:
                     self._wake()
                     self._listen(conn)
             except (psycopg.Error, DatabaseUnavailable) as exc:
-                self.listening = False
                 if not broken_since_logged:
                     log.warning(
                         "cannot listen (%s); polling every %g s until the listening connection "
@@ -144,10 +141,8 @@ class Listener:
                     broken_since_logged = True
                 self._stopped.wait(backoff.next())
             except Exception:
-                self.listening = False
                 log.exception("listener failed; reconnecting")
                 self._stopped.wait(backoff.next())
-        self.listening = False
 
     def _listen(self, conn: psycopg.Connection) -> None:
         while not self._stopped.is_set():
