@@ -34,7 +34,7 @@ from pgqueue.cli import (
     exit_status_help,
     resolve_url,
 )
-from pgqueue.queue import error_line
+from pgqueue.errors import error_line
 from pgqueue.settings import check_schema
 from pgqueue_api import logs
 from pgqueue_api import settings as api_settings

@@ -20,10 +20,10 @@ import psycopg
 
 from pgqueue import embedded, migrations, roles
 from pgqueue.dev import dev
-from pgqueue.errors import NoDatabaseConfigured, PgQueueError
+from pgqueue.errors import NoDatabaseConfigured, PgQueueError, error_line, first_line
 from pgqueue.job import FINISHED_STATES, JobState
 from pgqueue.plugins import BrokenPlugin, describe_plugins, get_plugin_manager, plugin_error
-from pgqueue.queue import Queue, error_line
+from pgqueue.queue import Queue
 from pgqueue.settings import DEFAULT_QUEUE, DEFAULT_SCHEMA, check_schema, resolve_database_url
 
 COMMANDS_GROUP = "pgqueue.commands"
@@ -79,9 +79,7 @@ class PgQueueGroup(click.Group):
             # dropped or never migrated behind the check's back, or a command that has none.
             match = _MISSING_RELATION.search(str(exc))
             schema = match[1] if match and match[1] else DEFAULT_SCHEMA
-            raise click.ClickException(
-                f"{not_migrated(schema)} ({error_line(exc).split(';')[0]})"
-            ) from None
+            raise click.ClickException(f"{not_migrated(schema)} ({first_line(exc)})") from None
         except pluggy.PluginValidationError as exc:
             raise click.ClickException(plugin_error(exc)) from None
         except psycopg.OperationalError as exc:

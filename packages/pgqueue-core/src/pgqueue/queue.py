@@ -39,6 +39,7 @@ from pgqueue.errors import (
     LeaseLost,
     UniqueKeyHeld,
     ValidationError,
+    error_line,
 )
 from pgqueue.job import FINISHED_STATES, EnqueueResult, Job, JobState, Lease
 from pgqueue.locks import advisory_key
@@ -1421,16 +1422,6 @@ def _describe(exc: BaseException) -> str:
     return f"database unavailable: {error_line(exc)}"
 
 
-def error_line(exc: BaseException) -> str:
-    """A database error's message on one line, with every part of it.
-
-    libpq spreads a connection failure over several lines (the host and port, the
-    cause, a hint; again for each address it tried): any one line alone leaves out
-    something a user needs, so they are joined, each said once."""
-    lines = dict.fromkeys(line.strip() for line in str(exc).splitlines() if line.strip())
-    return "; ".join(lines) or type(exc).__name__
-
-
 __all__ = [
     "CLAIM_MODES",
     "CONNECTION_DEFAULTS",
@@ -1445,5 +1436,5 @@ __all__ = [
     "WorkerRegistration",
     "connection_defaults",
     "default_worker_id",
-    "error_line",
+    "error_line",  # defined in pgqueue.errors; still importable from here, as it was
 ]

@@ -31,8 +31,7 @@ import psycopg
 from psycopg import sql
 
 from pgqueue import migrations
-from pgqueue.errors import PgQueueError
-from pgqueue.queue import error_line
+from pgqueue.errors import PgQueueError, error_line
 from pgqueue.settings import DEFAULT_SCHEMA, check_schema
 
 PRODUCER = "producer"

@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection
 import psycopg
 
 from pgqueue import DatabaseUnavailable, Queue
+from pgqueue.errors import first_line
 from pgqueue.settings import notify_channel
 from pgqueue_worker.outage import Backoff
 
@@ -133,9 +134,7 @@ class Listener:
                     log.warning(
                         "cannot listen (%s); polling every %g s until the listening connection "
                         "is back",
-                        str(exc).strip().splitlines()[0]
-                        if str(exc).strip()
-                        else type(exc).__name__,
+                        first_line(exc),
                         self._poll_interval,
                     )
                     broken_since_logged = True
