@@ -24,7 +24,13 @@ from pgqueue.errors import NoDatabaseConfigured, PgQueueError, error_line, first
 from pgqueue.job import FINISHED_STATES, JobState
 from pgqueue.plugins import BrokenPlugin, describe_plugins, get_plugin_manager, plugin_error
 from pgqueue.queue import Queue
-from pgqueue.settings import DEFAULT_QUEUE, DEFAULT_SCHEMA, check_schema, resolve_database_url
+from pgqueue.settings import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    DEFAULT_SCHEMA,
+    check_schema,
+    resolve_database_url,
+)
 
 COMMANDS_GROUP = "pgqueue.commands"
 
@@ -232,7 +238,7 @@ def migrate(database_url: str | None, schema: str) -> None:
 @click.option(
     "--unique-key", help="While a queued or running job holds this key, print that job instead."
 )
-@click.option("--max-attempts", type=int, default=5, show_default=True)
+@click.option("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, show_default=True)
 @click.option("--timeout", "timeout_seconds", type=float, help="Per-attempt time limit in seconds.")
 @click.option(
     "--depends-on",
