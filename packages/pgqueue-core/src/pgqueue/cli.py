@@ -140,12 +140,12 @@ def check_reachable(url: str) -> None:
         pass
 
 
-def not_migrated(schema: str, missing: list[int] | None = None) -> str:
-    """The one line that says a schema lacks migrations, and the command that applies
-    them."""
+def not_migrated(schema: str, problem: str | None = None) -> str:
+    """The one line that says what ``schema`` lacks (``problem``, from
+    :func:`pgqueue.migrations.unmigrated`; by default, every migration), and the command
+    that applies it."""
     command = "pgqueue migrate" + ("" if schema == DEFAULT_SCHEMA else f" --schema {schema}")
-    what = f"lacks migrations {', '.join(map(str, missing))}" if missing else "is not migrated"
-    return f"schema {schema} {what}: run `{command}`"
+    return f"{problem or migrations.lacking(schema)}: run `{command}`"
 
 
 def check_migrated(conn: psycopg.Connection, schema: str) -> None:
@@ -153,14 +153,11 @@ def check_migrated(conn: psycopg.Connection, schema: str) -> None:
     pgqueue ships (a command on an older or missing schema would otherwise fail
     half-way with a traceback)."""
     try:
-        missing = migrations.pending(conn, schema)
+        problem = migrations.unmigrated(conn, schema)
     except migrations.UnknownSchemaVersion as exc:
         raise click.ClickException(str(exc)) from None
-    shipped = migrations.available()
-    if missing:
-        raise click.ClickException(
-            not_migrated(schema, None if len(missing) == len(shipped) else missing)
-        )
+    if problem:
+        raise click.ClickException(not_migrated(schema, problem))
 
 
 def open_queue(database_url: str | None, schema: str, **options: Any) -> Queue:

@@ -27,7 +27,17 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from pgqueue import bulk, dependencies, history, jsonb, keyed, queries, tracing, validation
+from pgqueue import (
+    bulk,
+    dependencies,
+    history,
+    jsonb,
+    keyed,
+    migrations,
+    queries,
+    tracing,
+    validation,
+)
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS, backoff_seconds
 from pgqueue.deadlines import WATCHDOG, DeadlineExceeded
 from pgqueue.dependencies import BatchItem, JobDependencies
@@ -1233,6 +1243,15 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
             counts = [int(per_bound.get(bound, 0)) for bound in bounds]
             histograms.append(RunTimes(row["queue"], row["task"], bounds, counts, row["seconds"]))
         return histograms
+
+    def unmigrated(self) -> str | None:
+        """What this queue's schema lacks of the migrations this version of pgqueue
+        ships, in one line, or None (see :func:`pgqueue.migrations.unmigrated`). Raises
+        :class:`~pgqueue.errors.DatabaseUnavailable`, or
+        :class:`~pgqueue.migrations.UnknownSchemaVersion` for a schema made by another
+        pgqueue."""
+        with self._connection() as conn:
+            return migrations.unmigrated(conn, self.schema)
 
     def ping(self, timeout: float = 2.0) -> None:
         """Check that the database answers a query, on a connection of its own, so neither
