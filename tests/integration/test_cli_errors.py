@@ -122,6 +122,26 @@ def test_a_schema_made_by_another_pgqueue_names_the_migrations_it_does_not_know(
     assert f"DROP SCHEMA {schema} CASCADE" in line
 
 
+@pytest.mark.parametrize("command", [["status"], ["worker", "--burst"]], ids=" ".join)
+def test_a_schema_behind_by_a_migration_names_it(
+    command: list[str], database_url: str, schema: str, db
+) -> None:
+    # What a schema migrated by an older pgqueue records: everything but the latest.
+    [(latest,)] = db.execute(
+        sql.SQL(
+            "DELETE FROM {0}.migrations"
+            " WHERE version = (SELECT max(version) FROM {0}.migrations) RETURNING version"
+        ).format(sql.Identifier(schema))
+    ).fetchall()
+
+    result = run(*command, "--database-url", database_url, "--schema", schema)
+
+    assert result.returncode == 1
+    assert one_error_line(result) == (
+        f"Error: schema {schema} lacks migrations {latest}: run `pgqueue migrate --schema {schema}`"
+    )
+
+
 def test_a_jobs_table_dropped_behind_the_check_is_still_one_line(
     database_url: str, schema: str, db
 ) -> None:

@@ -40,11 +40,12 @@ def test_ack_of_a_large_result_returns_and_stores_it(roomy: Queue, size: int) ->
     assert len(roomy.get(job.id).result) == size
 
 
-def test_ack_and_claim_with_a_large_result_returns(roomy: Queue) -> None:
+def test_ack_many_with_a_large_result_returns_and_the_next_claim_works(roomy: Queue) -> None:
     roomy.enqueue("t")
     roomy.enqueue("t")
     job = claim_one(roomy)
-    batch, claimed = roomy.ack_and_claim([(job, "y" * (5 * MB))], ["default"], ["t"], 5)
+    batch = roomy.ack_many([(job, "y" * (5 * MB))])
+    claimed = roomy.claim(["default"], ["t"], 5)
     assert [j.id for j in batch.succeeded] == [job.id]
     assert len(claimed) == 1
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-import pytest
 from polling import wait_for
 from worker_support import wait_until_state
 
@@ -115,8 +114,7 @@ def test_on_start_of_an_async_handler_runs_on_the_event_loop_just_before_it(
     ]
 
 
-@pytest.mark.parametrize("how", ["claim", "ack_and_claim"])
-def test_queue_claim_runs_no_on_start(queue: Queue, how: str) -> None:
+def test_queue_claim_runs_no_on_start(queue: Queue) -> None:
     events = Events()
 
     class Plugin:
@@ -126,10 +124,7 @@ def test_queue_claim_runs_no_on_start(queue: Queue, how: str) -> None:
 
     queue.enqueue("task", {})
     with_hooks = hooked(queue, Plugin())
-    if how == "claim":
-        claimed = with_hooks.claim(["default"], ["task"], 1)
-    else:
-        _, claimed = with_hooks.ack_and_claim([], ["default"], ["task"], 1)
+    claimed = with_hooks.claim(["default"], ["task"], 1)
     assert len(claimed) == 1
     assert events.items == []
     # A loop of one's own runs it when it starts the handler.

@@ -34,7 +34,7 @@ from pgqueue.cli import (
     exit_status_help,
     resolve_url,
 )
-from pgqueue.queue import error_line
+from pgqueue.errors import error_line
 from pgqueue.settings import check_schema
 from pgqueue_api import logs
 from pgqueue_api import settings as api_settings
@@ -271,14 +271,11 @@ def check_migrated(url: str, schema: str) -> None:
     """Fail with one line unless every migration this version ships is applied."""
     with psycopg.connect(url, connect_timeout=5) as conn:
         try:
-            missing = migrations.pending(conn, schema)
+            problem = migrations.unmigrated(conn, schema)
         except migrations.UnknownSchemaVersion as exc:
             raise click.ClickException(str(exc)) from None
-    if missing:
-        raise click.ClickException(
-            f"schema {schema} lacks migrations {', '.join(map(str, missing))}: "
-            "run `pgqueue migrate` or pass --migrate"
-        )
+    if problem:
+        raise click.ClickException(f"{problem}: run `pgqueue migrate` or pass --migrate")
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -9,7 +9,7 @@ checked by ``pgqueue.JobSpec`` and answered with 422 naming the field all the sa
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -28,14 +28,12 @@ from pgqueue import Job as StoredJob
 from pgqueue import JobDependencies, JobState, QueueStats, validation
 from pgqueue.dependencies import MAX_DEPENDENCIES
 from pgqueue.job import ERROR_HISTORY_CHARS, ERRORS_KEPT
+from pgqueue.settings import DEFAULT_MAX_ATTEMPTS
 
 MAX_BATCH_JOBS = 1000
 LIST_LIMIT_MAX = 1000
 JOB_ID_MAX = 2**63 - 1
 """Job ids are PostgreSQL bigints."""
-RUN_AT_MIN = datetime(1970, 1, 1, tzinfo=UTC)
-RUN_AT_MAX = datetime(9999, 1, 1, tzinfo=UTC)
-"""Times outside this range cannot be read back into Python in every time zone."""
 
 NAME_RULES = (
     f"1 to {validation.NAME_MAX_LENGTH} characters of letters, digits, '_', '.', ':' "
@@ -117,7 +115,7 @@ class _JobFields(_Request):
         ),
     )
     max_attempts: StrictInt = Field(
-        default=5,
+        default=DEFAULT_MAX_ATTEMPTS,
         ge=1,
         le=validation.MAX_ATTEMPTS_LIMIT,
         description="How many times the job may be claimed before it is dead.",
@@ -140,7 +138,7 @@ class _JobFields(_Request):
     @field_validator("run_at")
     @classmethod
     def _run_at_in_range(cls, value: datetime | None) -> datetime | None:
-        if value is not None and not RUN_AT_MIN <= value < RUN_AT_MAX:
+        if value is not None and not validation.RUN_AT_MIN <= value < validation.RUN_AT_MAX:
             raise ValueError("must be between 1970-01-01 and 9999-01-01")
         return value
 

@@ -23,6 +23,7 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from pgqueue.errors import first_line
 from pgqueue_bench.queries import one_row, statement_in
 from pgqueue_bench.soak_tasks import LIMITED_QUEUE
 
@@ -147,9 +148,10 @@ class Sampler:
         try:
             sample.update(self._database_figures())
         except psycopg.Error as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             sample.update(
-                at=datetime.now(UTC), clock="local", missing=f"{type(exc).__name__}: {reason}"
+                at=datetime.now(UTC),
+                clock="local",
+                missing=f"{type(exc).__name__}: {first_line(exc)}",
             )
         sample["rss_mib"] = {label: mib for label, mib in memory.items() if mib is not None}
         return sample

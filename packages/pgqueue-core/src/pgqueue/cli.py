@@ -20,11 +20,17 @@ import psycopg
 
 from pgqueue import embedded, migrations, roles
 from pgqueue.dev import dev
-from pgqueue.errors import NoDatabaseConfigured, PgQueueError
+from pgqueue.errors import NoDatabaseConfigured, PgQueueError, error_line, first_line
 from pgqueue.job import FINISHED_STATES, JobState
 from pgqueue.plugins import BrokenPlugin, describe_plugins, get_plugin_manager, plugin_error
-from pgqueue.queue import Queue, error_line
-from pgqueue.settings import DEFAULT_QUEUE, DEFAULT_SCHEMA, check_schema, resolve_database_url
+from pgqueue.queue import Queue
+from pgqueue.settings import (
+    DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_QUEUE,
+    DEFAULT_SCHEMA,
+    check_schema,
+    resolve_database_url,
+)
 
 COMMANDS_GROUP = "pgqueue.commands"
 
@@ -79,9 +85,7 @@ class PgQueueGroup(click.Group):
             # dropped or never migrated behind the check's back, or a command that has none.
             match = _MISSING_RELATION.search(str(exc))
             schema = match[1] if match and match[1] else DEFAULT_SCHEMA
-            raise click.ClickException(
-                f"{not_migrated(schema)} ({error_line(exc).split(';')[0]})"
-            ) from None
+            raise click.ClickException(f"{not_migrated(schema)} ({first_line(exc)})") from None
         except pluggy.PluginValidationError as exc:
             raise click.ClickException(plugin_error(exc)) from None
         except psycopg.OperationalError as exc:
@@ -136,12 +140,12 @@ def check_reachable(url: str) -> None:
         pass
 
 
-def not_migrated(schema: str, missing: list[int] | None = None) -> str:
-    """The one line that says a schema lacks migrations, and the command that applies
-    them."""
+def not_migrated(schema: str, problem: str | None = None) -> str:
+    """The one line that says what ``schema`` lacks (``problem``, from
+    :func:`pgqueue.migrations.unmigrated`; by default, every migration), and the command
+    that applies it."""
     command = "pgqueue migrate" + ("" if schema == DEFAULT_SCHEMA else f" --schema {schema}")
-    what = f"lacks migrations {', '.join(map(str, missing))}" if missing else "is not migrated"
-    return f"schema {schema} {what}: run `{command}`"
+    return f"{problem or migrations.lacking(schema)}: run `{command}`"
 
 
 def check_migrated(conn: psycopg.Connection, schema: str) -> None:
@@ -149,14 +153,11 @@ def check_migrated(conn: psycopg.Connection, schema: str) -> None:
     pgqueue ships (a command on an older or missing schema would otherwise fail
     half-way with a traceback)."""
     try:
-        missing = migrations.pending(conn, schema)
+        problem = migrations.unmigrated(conn, schema)
     except migrations.UnknownSchemaVersion as exc:
         raise click.ClickException(str(exc)) from None
-    shipped = migrations.available()
-    if missing:
-        raise click.ClickException(
-            not_migrated(schema, None if len(missing) == len(shipped) else missing)
-        )
+    if problem:
+        raise click.ClickException(not_migrated(schema, problem))
 
 
 def open_queue(database_url: str | None, schema: str, **options: Any) -> Queue:
@@ -234,7 +235,7 @@ def migrate(database_url: str | None, schema: str) -> None:
 @click.option(
     "--unique-key", help="While a queued or running job holds this key, print that job instead."
 )
-@click.option("--max-attempts", type=int, default=5, show_default=True)
+@click.option("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, show_default=True)
 @click.option("--timeout", "timeout_seconds", type=float, help="Per-attempt time limit in seconds.")
 @click.option(
     "--depends-on",

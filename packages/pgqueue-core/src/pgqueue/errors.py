@@ -1,4 +1,6 @@
-"""Exceptions pgqueue raises. Each says what went wrong in words a user can act on."""
+"""Exceptions pgqueue raises, each saying what went wrong in words a user can act on,
+and the two ways pgqueue puts any exception's message on one line: :func:`error_line`
+(every part of it) and :func:`first_line` (its first line)."""
 
 from __future__ import annotations
 
@@ -144,3 +146,24 @@ class NoDatabaseConfigured(PgQueueError):
             "no database: pass --database-url, set DATABASE_URL, "
             "or start the embedded PostgreSQL with `pgqueue db start`"
         )
+
+
+def error_line(exc: BaseException) -> str:
+    """``exc``'s message on one line, with every part of it; its type's name if it has
+    no message.
+
+    libpq spreads a connection failure over several lines (the host and port, the
+    cause, a hint; again for each address it tried): any one line alone leaves out
+    something a user needs, so they are joined, each said once."""
+    lines = dict.fromkeys(line.strip() for line in str(exc).splitlines() if line.strip())
+    return "; ".join(lines) or type(exc).__name__
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of ``exc``'s message; its type's name if it has no message.
+
+    For a reason that must stay short (a log line repeated while a fault lasts, a field
+    of a record): the first line of a database error says what failed, the rest where
+    and why (see :func:`error_line` for all of it)."""
+    text = str(exc).strip()
+    return text.splitlines()[0].strip() if text else type(exc).__name__

@@ -15,6 +15,7 @@ this safe behind PgBouncer in transaction mode.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 
@@ -121,6 +122,25 @@ def pending(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> list[int]
     if done:
         _check_known(applied_migrations(conn, schema), shipped, schema)
     return [m.version for m in shipped if m.version not in done]
+
+
+def unmigrated(conn: psycopg.Connection, schema: str = DEFAULT_SCHEMA) -> str | None:
+    """What keeps ``schema`` from serving this version of pgqueue, in one line, or None
+    when it has every migration shipped (see :func:`lacking`). Each command adds how to
+    fix it in its own words. Raises UnknownSchemaVersion for a schema made by another
+    pgqueue."""
+    missing = pending(conn, schema)
+    if not missing:
+        return None
+    return lacking(schema, None if len(missing) == len(available()) else missing)
+
+
+def lacking(schema: str, versions: Sequence[int] | None = None) -> str:
+    """``schema S lacks migrations 3, 4``; without ``versions``, ``schema S is not
+    migrated`` (it has none of them, or does not exist)."""
+    if versions:
+        return f"schema {schema} lacks migrations {', '.join(map(str, versions))}"
+    return f"schema {schema} is not migrated"
 
 
 def applied_migrations(conn: psycopg.Connection, schema: str) -> dict[int, str]:

@@ -28,7 +28,17 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from pgqueue import bulk, dependencies, history, jsonb, keyed, queries, tracing, validation
+from pgqueue import (
+    bulk,
+    dependencies,
+    history,
+    jsonb,
+    keyed,
+    migrations,
+    queries,
+    tracing,
+    validation,
+)
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS, backoff_seconds
 from pgqueue.deadlines import WATCHDOG, DeadlineExceeded
 from pgqueue.dependencies import BatchItem, JobDependencies
@@ -40,6 +50,7 @@ from pgqueue.errors import (
     LeaseLost,
     UniqueKeyHeld,
     ValidationError,
+    error_line,
 )
 from pgqueue.job import FINISHED_STATES, EnqueueResult, Job, JobState, Lease
 from pgqueue.locks import advisory_key
@@ -779,44 +790,6 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
                 written = read_acks()
         return self._settle_acks(storable, written, unstorable)
 
-    def ack_and_claim(
-        self,
-        outcomes: Iterable[tuple[Job, Any]],
-        queues: Collection[str],
-        tasks: Collection[str],
-        limit: int,
-        *,
-        lease_seconds: float = DEFAULT_LEASE_SECONDS,
-        worker_id: str | None = None,
-        mode: str = "skip-locked",
-        waiter: Waiter | None = None,
-    ) -> tuple[AckBatch, list[Job]]:
-        """``ack_many(outcomes)`` and ``claim(queues, tasks, limit, ...)`` in one
-        transaction, sent to the server in one pipeline: a busy worker pays one commit
-        and about one round trip per batch instead of two of each.
-
-        Both commit or neither does. ``on_success`` runs for the acked jobs after the
-        commit; the claimed ones get no hook here (see :meth:`claim`).
-        """
-        storable, unstorable = _split_storable(outcomes, self.max_result_bytes)
-        params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode, waiter)
-        written: _AckWritten | None = None
-        claimed: list[Job] = []
-        if storable or params is not None:
-            with self._connection() as conn:
-                with conn.pipeline():
-                    if storable:
-                        read_acks = self._send_acks(conn, storable)
-                    if params is not None:
-                        claim = self._send_claim(conn, params, mode)
-                    _send_commit(conn)
-                if storable:
-                    written = read_acks()
-                if params is not None:
-                    claimed = claim()
-        batch = self._settle_acks(storable, written, unstorable)
-        return batch, self._refuse_undecodable(claimed)
-
     def _send_acks(
         self, conn: psycopg.Connection, storable: list[_Storable]
     ) -> Callable[[], _AckWritten]:
@@ -1272,6 +1245,15 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
             histograms.append(RunTimes(row["queue"], row["task"], bounds, counts, row["seconds"]))
         return histograms
 
+    def unmigrated(self) -> str | None:
+        """What this queue's schema lacks of the migrations this version of pgqueue
+        ships, in one line, or None (see :func:`pgqueue.migrations.unmigrated`). Raises
+        :class:`~pgqueue.errors.DatabaseUnavailable`, or
+        :class:`~pgqueue.migrations.UnknownSchemaVersion` for a schema made by another
+        pgqueue."""
+        with self._connection() as conn:
+            return migrations.unmigrated(conn, self.schema)
+
     def ping(self, timeout: float = 2.0) -> None:
         """Check that the database answers a query, on a connection of its own, so neither
         the pool's wait for a free connection nor a stale pooled connection gets in the way.
@@ -1460,16 +1442,6 @@ def _describe(exc: BaseException) -> str:
     return f"database unavailable: {error_line(exc)}"
 
 
-def error_line(exc: BaseException) -> str:
-    """A database error's message on one line, with every part of it.
-
-    libpq spreads a connection failure over several lines (the host and port, the
-    cause, a hint; again for each address it tried): any one line alone leaves out
-    something a user needs, so they are joined, each said once."""
-    lines = dict.fromkeys(line.strip() for line in str(exc).splitlines() if line.strip())
-    return "; ".join(lines) or type(exc).__name__
-
-
 __all__ = [
     "CLAIM_MODES",
     "CONNECTION_DEFAULTS",
@@ -1484,5 +1456,5 @@ __all__ = [
     "WorkerRegistration",
     "connection_defaults",
     "default_worker_id",
-    "error_line",
+    "error_line",  # defined in pgqueue.errors; still importable from here, as it was
 ]

@@ -31,8 +31,7 @@ import psycopg
 from psycopg import sql
 
 from pgqueue import migrations
-from pgqueue.errors import PgQueueError
-from pgqueue.queue import error_line
+from pgqueue.errors import PgQueueError, error_line
 from pgqueue.settings import DEFAULT_SCHEMA, check_schema
 
 PRODUCER = "producer"
@@ -153,14 +152,9 @@ def grant_roles(conninfo: str, schema: str = DEFAULT_SCHEMA) -> Roles:
     roles = role_names(schema)
     try:
         with psycopg.connect(conninfo, autocommit=False, prepare_threshold=None) as conn:
-            pending = migrations.pending(conn, schema)
-            if pending:
-                missing = (
-                    "is not migrated"
-                    if len(pending) == len(migrations.available())
-                    else (f"lacks migrations {', '.join(map(str, pending))}")
-                )
-                raise RolesError(f"schema {schema} {missing}: run `pgqueue migrate` first")
+            problem = migrations.unmigrated(conn, schema)
+            if problem:
+                raise RolesError(f"{problem}: run `pgqueue migrate` first")
             with conn.transaction():
                 _apply(conn, schema, roles)
     except psycopg.errors.InsufficientPrivilege as exc:

@@ -44,7 +44,7 @@ import pluggy
 from croniter import CroniterBadDateError, CroniterError, croniter
 
 from pgqueue import validation
-from pgqueue.errors import PgQueueError, ValidationError
+from pgqueue.errors import PgQueueError, ValidationError, error_line
 from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
 
@@ -181,7 +181,9 @@ def _parse(cron: str, start: datetime) -> croniter:
     try:
         return croniter(cron, start, second_at_beginning=len(fields) == 6)
     except (CroniterError, ValueError, KeyError, TypeError) as exc:
-        raise ScheduleError(f"invalid cron expression {cron!r}: {_one_line(exc)}") from None
+        # All of the message, not its first line: croniter wraps some failures' whole
+        # traceback into its error, whose first line then says nothing.
+        raise ScheduleError(f"invalid cron expression {cron!r}: {error_line(exc)}") from None
 
 
 def _names_hours(iterator: croniter) -> bool:
@@ -280,10 +282,6 @@ def collect_schedules(pm: pluggy.PluginManager) -> dict[str, Schedule]:
 
         impl.function(register=register)
     return schedules
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def payload_json(payload: dict[str, Any] | None) -> str:

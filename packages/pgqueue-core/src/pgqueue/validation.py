@@ -34,6 +34,7 @@ IDEMPOTENCY_KEY_MAX_LENGTH = 255
 MAX_ATTEMPTS_LIMIT = 1000
 RUN_AT_MIN = datetime(1970, 1, 1, tzinfo=UTC)
 RUN_AT_MAX = datetime(9999, 1, 1, tzinfo=UTC)
+"""Times outside this range cannot be read back into Python in every time zone."""
 MAX_SECONDS = 10 * 366 * 86400
 """Delays and timeouts are capped at about ten years, well inside PostgreSQL's interval range."""
 

@@ -15,11 +15,11 @@ from typing import Any, TypeVar
 
 import click
 import pluggy
-import psycopg
 
 from pgqueue import DatabaseUnavailable, LifecycleHooks, Queue, ValidationError, validation
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS
 from pgqueue.cli import database_options, not_migrated, parse_duration, resolve_url
+from pgqueue.migrations import UnknownSchemaVersion
 from pgqueue.plugins import (
     PluginLoadError,
     check_hooks,
@@ -467,7 +467,7 @@ def prepare_worker(
         max_result_bytes=max_result_bytes,
     )
     try:
-        _check_migrated(queue, queues, handlers)
+        _check_migrated(queue)
         runner = _checked(
             Worker,
             queue,
@@ -552,16 +552,18 @@ def _plugin_manager(modules: tuple[str, ...], *, autoload: bool) -> pluggy.Plugi
     return pm
 
 
-def _check_migrated(queue: Queue, queues: tuple[str, ...], handlers: dict[str, Any]) -> None:
-    """Fail now, with the fix, if the schema has no jobs table. An unreachable database
-    is not an error: the worker waits for it."""
+def _check_migrated(queue: Queue) -> None:
+    """Fail now, with the fix, unless the schema has every migration this version of
+    pgqueue ships. An unreachable database is not an error: the worker waits for it."""
     if why_unavailable(queue) is not None:
         # Found out on a connection of its own, at once, rather than after the pool's
         # wait for a connection that cannot come.
         return
     try:
-        queue.next_run_in(queues, list(handlers))
+        problem = queue.unmigrated()
     except DatabaseUnavailable:
-        pass
-    except psycopg.errors.UndefinedTable:
-        raise click.ClickException(not_migrated(queue.schema)) from None
+        return
+    except UnknownSchemaVersion as exc:
+        raise click.ClickException(str(exc)) from None
+    if problem:
+        raise click.ClickException(not_migrated(queue.schema, problem))

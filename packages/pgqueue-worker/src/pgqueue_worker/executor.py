@@ -136,11 +136,6 @@ class Executor:
             thread.start()
             self._threads.append(thread)
 
-    @property
-    def waiting(self) -> int:
-        """Attempts submitted that no slot has started yet."""
-        return len(self._plain.waiting) + len(self._async.waiting)
-
     def submit(self, attempt: Attempt) -> None:
         """Run ``attempt``'s handler in a free slot of its kind, or as soon as one frees up."""
         self.submit_many([attempt])

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import psycopg_pool
 
 from pgqueue import DatabaseUnavailable, Queue
+from pgqueue.errors import error_line
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -126,8 +127,8 @@ class DatabaseHealth:
 
 
 def _describe(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    # DatabaseUnavailable already says so; anything else gets the same prefix.
+    text = error_line(error)
+    # DatabaseUnavailable already says so; anything else is said as Queue says it.
     return text if text.startswith("database unavailable") else f"database unavailable: {text}"
 
 

@@ -23,6 +23,7 @@ from collections.abc import Callable, Collection
 import psycopg
 
 from pgqueue import DatabaseUnavailable, Queue
+from pgqueue.errors import first_line
 from pgqueue.settings import notify_channel
 from pgqueue_worker.outage import Backoff
 
@@ -100,7 +101,6 @@ class Listener:
         self._poll_interval = poll_interval
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="pgqueue-listen", daemon=True)
-        self.listening = False
 
     def start(self) -> None:
         """Start listening on a thread of its own."""
@@ -119,7 +119,6 @@ class Listener:
             try:
                 with self._connect() as conn:
                     self.queue.listen(conn)
-                    self.listening = True
                     backoff.reset()
                     if broken_since_logged:
                         log.warning("listening on channel %s again", self.channel)
@@ -131,23 +130,18 @@ class Listener:
                     self._wake()
                     self._listen(conn)
             except (psycopg.Error, DatabaseUnavailable) as exc:
-                self.listening = False
                 if not broken_since_logged:
                     log.warning(
                         "cannot listen (%s); polling every %g s until the listening connection "
                         "is back",
-                        str(exc).strip().splitlines()[0]
-                        if str(exc).strip()
-                        else type(exc).__name__,
+                        first_line(exc),
                         self._poll_interval,
                     )
                     broken_since_logged = True
                 self._stopped.wait(backoff.next())
             except Exception:
-                self.listening = False
                 log.exception("listener failed; reconnecting")
                 self._stopped.wait(backoff.next())
-        self.listening = False
 
     def _listen(self, conn: psycopg.Connection) -> None:
         while not self._stopped.is_set():

@@ -42,6 +42,8 @@ CREATE TABLE {schema}.active_jobs (
                      CHECK (state IN ('waiting', 'queued', 'running')),
     run_at           timestamptz NOT NULL DEFAULT now(),
     attempts         integer NOT NULL DEFAULT 0,
+    -- 5 is pgqueue.settings.DEFAULT_MAX_ATTEMPTS: keep them equal (pgqueue passes its
+    -- own value; this one is for rows inserted by hand).
     max_attempts     integer NOT NULL DEFAULT 5 CHECK (max_attempts >= 1),
     timeout_seconds  double precision CHECK (timeout_seconds > 0),
     lease_token      uuid,
