@@ -65,7 +65,7 @@ class PgQueueGroup(click.Group):
         if entry_point is None:
             return None
         try:
-            return entry_point.load()
+            command = entry_point.load()
         except Exception as exc:
             # A broken add-on must not take the whole CLI down with it.
             click.echo(
@@ -74,6 +74,13 @@ class PgQueueGroup(click.Group):
                 err=True,
             )
             return None
+        if not isinstance(command, click.Command):
+            click.echo(
+                f"warning: command {cmd_name!r} ({entry_point.value}) is not a click command",
+                err=True,
+            )
+            return None
+        return command
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -189,7 +196,7 @@ def exit_status_help(*statuses: tuple[int | str, str]) -> str:
 
 USAGE_STATUS = (EXIT_USAGE, "a wrong command, flag or argument")
 ERROR_STATUS = (EXIT_ERROR, "an error, said in one line (no database, schema not migrated, ...)")
-COMMAND_EXIT_STATUSES = exit_status_help((EXIT_OK, "done"), ERROR_STATUS, USAGE_STATUS)
+COMMAND_EXIT_STATUSES: str = exit_status_help((EXIT_OK, "done"), ERROR_STATUS, USAGE_STATUS)
 
 
 def _echo_json(value: Any) -> None:

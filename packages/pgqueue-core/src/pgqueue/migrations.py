@@ -162,7 +162,7 @@ def _check_known(recorded: dict[int, str], shipped: list[Migration], schema: str
 
 
 def _formatted(text: str, schema: str) -> sql.Composed:
-    return sql.SQL(text).format(schema=sql.Identifier(schema))  # type: ignore[arg-type]
+    return sql.SQL(text).format(schema=sql.Identifier(schema))
 
 
 def _record(conn: psycopg.Connection, schema: str, migration: Migration) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 import psycopg
 import psycopg.errors
@@ -142,7 +142,8 @@ class JobSpec:
     @property
     def payload_text(self) -> str:
         """The payload as the JSON text that is stored (validated and measured once)."""
-        return self._payload_text  # type: ignore[attr-defined]
+        text: str = self.__dict__["_payload_text"]  # set by __post_init__
+        return text
 
     def queued_job(
         self,
@@ -446,7 +447,12 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
             raise DatabaseUnavailable(f"database unavailable: {exc}") from exc
 
     def _rows(
-        self, name: str, params: dict[str, Any] | None = None, *, conn=None, lock="skip-locked"
+        self,
+        name: str,
+        params: dict[str, Any] | None = None,
+        *,
+        conn: psycopg.Connection[Any] | None = None,
+        lock: str = "skip-locked",
     ) -> list[dict[str, Any]]:
         with self._connection(conn) as c:
             cur = jsonb.cursor(c)
@@ -887,9 +893,12 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
         the reason as its error, as an unstorable result does."""
         runnable = []
         for job in claimed:
-            if isinstance(job.payload, jsonb.UndecodableJson):
+            # Typed as the dict it should be; a payload Python could not load arrives
+            # as UndecodableJson in its place.
+            payload: object = job.payload
+            if isinstance(payload, jsonb.UndecodableJson):
                 with suppress(LeaseLost):
-                    self.fail(job, f"payload could not be decoded: {job.payload.reason}")
+                    self.fail(job, f"payload could not be decoded: {payload.reason}")
             else:
                 runnable.append(job)
         return runnable
@@ -919,7 +928,7 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
         return failed
 
     def _cancel_dependents(
-        self, cur: psycopg.Cursor, rows: Iterable[Mapping[str, Any]]
+        self, cur: psycopg.Cursor[dict[str, Any]], rows: Iterable[Mapping[str, Any]]
     ) -> list[Job]:
         """In ``cur``'s transaction, cancel the waiting dependents of the jobs in
         ``rows`` that ended dead or cancelled and have dependents."""
@@ -944,7 +953,7 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
         with self._connection() as conn:
             cur = jsonb.cursor(conn)
             cur.execute(self._sql("reaper_try_lock"), {"key": advisory_key("reap", self.schema)})
-            if not cur.fetchone()["locked"]:
+            if not queries.one_row(cur)["locked"]:
                 return None
             cur.execute(
                 self._sql("job_reap"),
@@ -1140,7 +1149,7 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
         total = 0
         while True:
             with self._connection() as conn:
-                deleted = conn.execute(statement, params).fetchone()[0]  # type: ignore[index]
+                deleted: int = queries.one_row(conn.execute(statement, params))[0]
             total += deleted
             if deleted < batch_size:
                 return total
@@ -1176,7 +1185,10 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
         key = advisory_key("prune", self.schema)
 
         def our_turn(conn: psycopg.Connection) -> bool:
-            return conn.execute(self._sql("pruner_try_lock"), {"key": key}).fetchone()[0]  # type: ignore[index]
+            locked: bool = queries.one_row(
+                conn.execute(self._sql("pruner_try_lock"), {"key": key})
+            )[0]
+            return locked
 
         with self._connection() as conn:
             history.create_days(conn, self.schema, our_turn)
@@ -1254,15 +1266,26 @@ class Queue(RegistryMethods, QueueControlMethods, ScheduleMethods):
         with self._connection() as conn:
             return migrations.unmigrated(conn, self.schema)
 
+    def connection_settings(self) -> tuple[str, dict[str, Any]]:
+        """The conninfo and connection keyword arguments of this queue's pool, for a
+        connection of its own (a listener's, a health check's). A pool may take its
+        conninfo from a function (psycopg_pool's dynamic conninfo): it is asked now, as
+        the pool asks it for each connection."""
+        pool = self.pool
+        kwargs = pool.kwargs() if callable(pool.kwargs) else dict(pool.kwargs or {})
+        conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+        return conninfo, kwargs
+
     def ping(self, timeout: float = 2.0) -> None:
         """Check that the database answers a query, on a connection of its own, so neither
         the pool's wait for a free connection nor a stale pooled connection gets in the way.
 
         Connecting gives up after ``timeout`` seconds (libpq's minimum is 2) per address
         the host resolves to. Raises :class:`~pgqueue.errors.DatabaseUnavailable`."""
-        options = {**self.pool.kwargs, "connect_timeout": max(2, math.ceil(timeout))}
+        conninfo, kwargs = self.connection_settings()
+        options = {**kwargs, "connect_timeout": max(2, math.ceil(timeout))}
         try:
-            with psycopg.connect(self.pool.conninfo, autocommit=True, **options) as conn:
+            with psycopg.connect(conninfo, autocommit=True, **options) as conn:
                 conn.execute(self._sql("database_ping"))
         except psycopg.Error as exc:
             raise DatabaseUnavailable(_describe(exc)) from exc
@@ -1334,10 +1357,11 @@ def _claimed_jobs(
     }
     # Column names straight from the result: cur.description builds a Column object per
     # column on every call.
-    columns = [result.fname(i).decode() for i in range(result.nfields)]
+    columns = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
     jobs = Job.from_tuples(columns, cur.fetchall(), shared)
     # job_claim returns the payloads as text, to be loaded all at once.
-    payloads = jsonb.load_json_texts([job.payload for job in jobs])
+    texts: list[Any] = [job.payload for job in jobs]  # still the text job_claim returned
+    payloads = jsonb.load_json_texts(texts)
     for job, payload in zip(jobs, payloads, strict=True):
         object.__setattr__(job, "payload", payload)
     return sorted(jobs, key=lambda j: (-j.priority, j.run_at, j.id)), settings
@@ -1427,7 +1451,10 @@ def _ack_params(ordered: list[_Storable]) -> dict[str, Any]:
     # fraction of str(UUID), which inserts the hyphens in Python code.
     return {
         "ids": "{" + ",".join([str(s.job.id) for s in ordered]) + "}",
-        "tokens": "{" + ",".join([f"{s.job.lease_token.int:032x}" for s in ordered]) + "}",
+        # Every outcome is of a claimed job, which holds a lease token.
+        "tokens": "{"
+        + ",".join([f"{cast(uuid.UUID, s.job.lease_token).int:032x}" for s in ordered])
+        + "}",
         "results": "[" + ",".join([s.text for s in ordered]) + "]",
     }
 

@@ -52,16 +52,6 @@ def open_pool(
     )
 
 
-def _connection_settings(queue: Queue) -> tuple[str, dict[str, Any]]:
-    """The conninfo and connection keyword arguments of the queue's pool."""
-    pool = queue.pool
-    kwargs = pool.kwargs() if callable(pool.kwargs) else dict(pool.kwargs or {})
-    # A pool may take its conninfo from a function (psycopg_pool's dynamic conninfo):
-    # a connection of its own asks it now, as the pool does for each connection.
-    conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
-    return conninfo, kwargs
-
-
 def sibling_queue(queue: Queue, application_name: str) -> Queue:
     """A Queue on the same database and schema as ``queue``, with a one-connection pool
     of its own and no lifecycle hooks (for the heartbeat, which changes no job state).
@@ -70,7 +60,7 @@ def sibling_queue(queue: Queue, application_name: str) -> Queue:
     runs, so a worker paused between a statement and its COMMIT (a frozen VM, SIGSTOP)
     cannot sit on the row locks of all its leases and keep the reaper from them.
     """
-    conninfo, kwargs = _connection_settings(queue)
+    conninfo, kwargs = queue.connection_settings()
     pool = psycopg_pool.ConnectionPool(
         conninfo,
         kwargs={
@@ -91,6 +81,6 @@ def sibling_queue(queue: Queue, application_name: str) -> Queue:
 
 def dedicated_connection(queue: Queue, application_name: str) -> psycopg.Connection:
     """A new autocommit connection to the queue's database, outside any pool."""
-    conninfo, kwargs = _connection_settings(queue)
+    conninfo, kwargs = queue.connection_settings()
     options = {**connection_defaults(conninfo), **kwargs, "application_name": application_name}
     return psycopg.connect(conninfo, autocommit=True, **options)
