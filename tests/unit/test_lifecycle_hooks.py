@@ -5,10 +5,11 @@ failures."""
 from __future__ import annotations
 
 import logging
+from datetime import UTC, datetime
 
 import pytest
 
-from pgqueue import hookimpl
+from pgqueue import Job, JobState, call_when, hookimpl
 from pgqueue.plugins import LifecycleHooks, get_plugin_manager
 
 
@@ -219,3 +220,90 @@ def test_with_no_implementation_the_calls_are_not_even_looked_at(pm) -> None:
         yield
 
     LifecycleHooks(pm).call_each("on_success", calls())
+
+
+class Switched:
+    """An on_success implementation called only while ``self.on`` is true."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls = calls
+        self.on = False
+
+        @hookimpl
+        @call_when(lambda: self.on)
+        def on_success(job):
+            self.calls.append(("switched", job))
+
+        self.on_success = on_success
+
+
+def test_call_when_skips_an_implementation_while_its_predicate_is_false(pm) -> None:
+    calls: list = []
+    switched = Switched(calls)
+    pm.register(switched, name="switched")
+    pm.register(Recorder(calls, "recorder"), name="recorder")
+    hooks = LifecycleHooks(pm)
+
+    hooks.call("on_success", job="a", result=1)
+    switched.on = True
+    hooks.call("on_success", job="b", result=2)
+    switched.on = False
+    hooks.call("on_success", job="c", result=3)
+
+    assert [call for call in calls if call[0] == "switched"] == [("switched", "b")]
+    assert [call[1] for call in calls if call[0] == "recorder"] == ["a", "b", "c"]
+    assert not hooks.errors
+
+
+def test_with_every_implementation_switched_off_the_calls_are_not_looked_at(pm) -> None:
+    pm.register(Switched([]), name="switched")
+
+    def calls():
+        raise AssertionError("iterated")
+        yield
+
+    LifecycleHooks(pm).call_each("on_success", calls())
+
+
+def test_a_predicate_that_raises_counts_as_yes(pm) -> None:
+    calls: list = []
+
+    def broken() -> bool:
+        raise RuntimeError("predicate broke")
+
+    class Marked:
+        @hookimpl
+        @call_when(broken)
+        def on_success(self, job):
+            calls.append(job)
+
+    pm.register(Marked(), name="marked")
+    hooks = LifecycleHooks(pm)
+    hooks.call_each("on_success", [{"job": "a"}, {"job": "b"}])
+    assert calls == ["a", "b"]
+
+
+def test_a_plain_pluggy_call_ignores_the_mark(pm) -> None:
+    calls: list = []
+    pm.register(Switched(calls), name="switched")
+    pm.hook.on_success(job="a", result=1)
+    assert calls == [("switched", "a")]
+
+
+@pytest.mark.parametrize(("level", "logged"), [(logging.INFO, True), (logging.WARNING, False)])
+def test_the_lifecycle_log_logs_starts_and_successes_only_at_info(caplog, level, logged) -> None:
+    now = datetime(2030, 1, 1, tzinfo=UTC)
+    job = Job(
+        id=7, queue="default", task="noop", payload={}, priority=0, state=JobState.RUNNING,
+        run_at=now, attempts=1, max_attempts=5, timeout_seconds=None, lease_token=None,
+        lease_expires_at=None, worker_id="w", enqueued_at=now, started_at=now,
+        finished_at=now, last_error=None, errors=[], result=None, idempotency_key=None,
+    )  # fmt: skip
+    hooks = LifecycleHooks(get_plugin_manager(load_entrypoints=False))
+    with caplog.at_level(level, logger="pgqueue.jobs"):
+        hooks.call("on_start", job=job)
+        hooks.call_each("on_success", [{"job": job, "result": None}])
+    started = [r for r in caplog.records if "started" in r.getMessage()]
+    succeeded = [r for r in caplog.records if "succeeded" in r.getMessage()]
+    assert (len(started), len(succeeded)) == ((1, 1) if logged else (0, 0))
+    assert not hooks.errors

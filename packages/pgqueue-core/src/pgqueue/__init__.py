@@ -16,7 +16,7 @@ from pgqueue.errors import (
     UnknownDependencies,
     ValidationError,
 )
-from pgqueue.hookspecs import hookimpl
+from pgqueue.hookspecs import call_when, hookimpl
 from pgqueue.job import EnqueueResult, Job, JobState, Lease
 from pgqueue.migrations import migrate
 from pgqueue.plugins import LifecycleHooks, TaskHandler, collect_tasks, get_plugin_manager
@@ -57,6 +57,7 @@ __all__ = [
     "WorkerInfo",
     "WorkerRegistration",
     "backoff_seconds",
+    "call_when",
     "collect_tasks",
     "get_plugin_manager",
     "hookimpl",

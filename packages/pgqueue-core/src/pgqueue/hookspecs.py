@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 import pluggy
 
@@ -48,6 +48,32 @@ from pgqueue.job import Job
 
 hookspec = pluggy.HookspecMarker("pgqueue")
 hookimpl = pluggy.HookimplMarker("pgqueue")
+
+_Implementation = TypeVar("_Implementation", bound=Callable[..., Any])
+CALL_WHEN_ATTRIBUTE = "pgqueue_call_when"
+
+
+def call_when(predicate: Callable[[], bool]) -> Callable[[_Implementation], _Implementation]:
+    """Mark a lifecycle hook implementation (``on_*``) to be called only while
+    ``predicate()`` is true, for one that has nothing to do most of the time (a log
+    line below the configured level, say)::
+
+        @pgqueue.hookimpl
+        @pgqueue.call_when(lambda: log.isEnabledFor(logging.INFO))
+        def on_start(job): ...
+
+    A worker starts and acks thousands of jobs a second; with every implementation of
+    a hook switched off this way it skips the call through pluggy altogether. The
+    predicate is asked once per batch of calls (the acks of one statement, the start
+    of one attempt), on the thread that makes them, so it must be cheap and safe to
+    call from any thread. A plain ``pm.hook.on_start(...)`` ignores the mark.
+    """
+
+    def mark(function: _Implementation) -> _Implementation:
+        setattr(function, CALL_WHEN_ATTRIBUTE, predicate)
+        return function
+
+    return mark
 
 
 @hookspec

@@ -10,7 +10,7 @@ import logging
 from datetime import datetime
 from typing import Any
 
-from pgqueue.hookspecs import hookimpl
+from pgqueue.hookspecs import call_when, hookimpl
 from pgqueue.job import Job
 
 log = logging.getLogger("pgqueue.jobs")
@@ -30,19 +30,23 @@ def _fields(job: Job) -> dict[str, Any]:
     }
 
 
+def _logs_info() -> bool:
+    """Whether lines at INFO are logged: a busy worker starts and acks thousands of jobs
+    a second, and below that level skips the calls of the hooks that log at it."""
+    return log.isEnabledFor(logging.INFO)
+
+
 @hookimpl
+@call_when(_logs_info)
 def on_start(job: Job) -> None:
     """Log the start of an attempt."""
-    if not log.isEnabledFor(logging.INFO):
-        return  # a busy worker starts thousands of jobs a second: skip building the line
     log.info("job %s %s started (attempt %s)", job.id, job.task, job.attempts, extra=_fields(job))
 
 
 @hookimpl
+@call_when(_logs_info)
 def on_success(job: Job) -> None:
     """Log a success with its duration."""
-    if not log.isEnabledFor(logging.INFO):
-        return
     fields = _fields(job)
     log.info(
         "job %s %s succeeded in %.3fs", job.id, job.task, fields["duration"] or 0.0, extra=fields
@@ -73,12 +77,14 @@ def on_dead(job: Job) -> None:
 
 
 @hookimpl
+@call_when(_logs_info)
 def on_cancel(job: Job) -> None:
     """Log a cancellation."""
     log.info("job %s %s cancelled", job.id, job.task, extra=_fields(job))
 
 
 @hookimpl
+@call_when(_logs_info)
 def on_retry(job: Job) -> None:
     """Log a manual retry."""
     log.info("job %s %s put back to queued by retry", job.id, job.task, extra=_fields(job))

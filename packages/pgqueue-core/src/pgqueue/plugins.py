@@ -295,6 +295,19 @@ def collect_tasks(pm: pluggy.PluginManager) -> dict[str, TaskHandler]:
     return tasks
 
 
+def _called_now(impl: HookImpl) -> bool:
+    """Whether ``impl`` is to be called now: unless :func:`pgqueue.call_when` marked it
+    with a predicate that says no. A predicate that raises counts as yes, so the
+    implementation runs and its own isolation deals with what is wrong."""
+    predicate = getattr(impl.function, hookspecs.CALL_WHEN_ATTRIBUTE, None)
+    if predicate is None:
+        return True
+    try:
+        return bool(predicate())
+    except Exception:
+        return True
+
+
 class LifecycleHooks:
     """Calls lifecycle hooks so that one plugin's failure never reaches another plugin,
     the caller, or the job: an exception from any implementation is logged, counted in
@@ -323,9 +336,13 @@ class LifecycleHooks:
     def call_each(self, hook_name: str, calls: Iterable[Mapping[str, Any]]) -> None:
         """``call(hook_name, **kwargs)`` for each of ``calls``, in order: a worker acks
         hundreds of jobs per statement, and looks up the implementations once for all
-        of them. With no implementation, ``calls`` is not even iterated."""
+        of them. With no implementation, or none that wants to be called now (see
+        :func:`pgqueue.call_when`), ``calls`` is not even iterated."""
         caller = getattr(self.pm.hook, hook_name)
         impls = caller.get_hookimpls()
+        if not impls:
+            return
+        impls = [impl for impl in impls if _called_now(impl)]
         if not impls:
             return
         isolated = self._isolated_for(hook_name, impls)
