@@ -21,6 +21,11 @@ handler an ``async def`` that awaits ``asyncio.sleep`` of MS milliseconds: how m
 such jobs each system runs at once with its natural settings. pgqueue keeps its
 default flags. Throughput only; the results go to ``results/peers_async.json``.
 
+Each throughput run also records its CPU per job: the worker processes' CPU seconds
+from their first job to their exit, and the server's from the start barrier until the
+workers' backends are gone (when the server runs on this machine), over the jobs. A
+busy machine moves a rate far more than CPU seconds.
+
 A baseline build (``--baseline LABEL=PYTHON``): today's pgqueue against an older one
 installed in another virtualenv, in the same run. The system "pgqueue LABEL" runs the
 same ``peer_pgqueue.py`` under PYTHON; beside it run "pgqueue", and "pgqueue
@@ -31,7 +36,8 @@ binds, so the cost of a configured limit shows. Those three run only when asked
 (``--only`` adds peers), throughput only, into ``results/peers_baseline.json``, whose
 summary gives, per worker count, each pgqueue system's rate over the baseline's, paired
 within each repeat (the systems take turns inside a repeat): the median of those
-ratios, and their min and max.
+ratios, and their min and max; and the same for their CPU per job over the baseline's.
+The summary is computed in ``peers_summary.py``.
 
 Usage (what ``nox -s peers`` runs)::
 
@@ -61,7 +67,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pgqueue_bench import database, environment, plot, results
+import peerlib
+from peers_summary import print_summary, summarize
+
+from pgqueue_bench import database, environment, plot, results, server_cpu
 from pgqueue_bench.latency import percentiles
 from pgqueue_bench.progress import LiveLine
 
@@ -188,6 +197,11 @@ class Workers:
 
     def release(self, timeout: float = 120) -> None:
         """Wait until every process said ready, then let them all go at once."""
+        self.wait_until_ready(timeout)
+        self.go()
+
+    def wait_until_ready(self, timeout: float = 120) -> None:
+        """Wait until every process has connected and said ready."""
         deadline = time.monotonic() + timeout
         for process in self.processes:
             while True:
@@ -197,6 +211,9 @@ class Workers:
                 readable, _, _ = select.select([process.stdout], [], [], remaining)
                 if readable and process.stdout.readline().strip() == "ready":
                     break
+
+    def go(self) -> None:
+        """Open the start barrier: every ready process starts at once."""
         for process in self.processes:
             process.stdin.write("go\n")
             process.stdin.flush()
@@ -228,6 +245,14 @@ class Workers:
                 numbers += [int(line) for line in path.read_text().split()]
         return numbers
 
+    def cpu_seconds(self) -> float | None:
+        """The CPU seconds the processes used from their first job (each writes its own
+        at exit, see ``peerlib.write_seen``), or None if one did not."""
+        paths = [peerlib.cpu_path(path) for path in self.seen_files]
+        if not all(path.exists() for path in paths):
+            return None
+        return sum(float(path.read_text()) for path in paths)
+
     def log_tail(self) -> str:
         return "\n".join(
             path.read_text()[-1500:] for path in sorted(self.folder.glob("worker-*.log"))
@@ -254,24 +279,39 @@ def throughput_run(
     workers: int,
     timeout: float,
     sleep_ms: float = 0.0,
+    postmaster: int | None = None,
 ) -> dict[str, Any]:
     """Drain ``jobs`` pre-loaded jobs with ``workers`` processes; the rate and checks.
-    With ``sleep_ms``, each job's handler awaits ``asyncio.sleep`` of that long."""
+    With ``sleep_ms``, each job's handler awaits ``asyncio.sleep`` of that long.
+
+    The CPU the drain cost, per job: the worker processes' from their first job to
+    their exit (see ``peerlib.ran``), and, given the ``postmaster`` of a server on this
+    machine, the server's from the start barrier until the workers' backends are gone.
+    Other programs on the machine slow a run's rate far more than its CPU seconds."""
+    database_name = f"bench_peer_{system.slug}"
+    server_seconds = None
     with (
-        database.fresh_database(server_url, f"bench_peer_{system.slug}") as url,
+        database.fresh_database(server_url, database_name) as url,
         tempfile.TemporaryDirectory(prefix="pgqueue-peers-") as folder,
     ):
         system.run("setup", "--database-url", url)
         system.run("enqueue", "--database-url", url, "--jobs", str(jobs))
         fleet = Workers(system, url, workers, Path(folder), drain=True, sleep_ms=sleep_ms)
         try:
-            fleet.release()
+            fleet.wait_until_ready()
+            server_before = server_cpu_seconds(postmaster)
+            fleet.go()
             fleet.wait(timeout)
+            if postmaster is not None and server_before is not None:
+                wait_for_backends_to_leave(postmaster, database_name)
+                server_seconds = server_cpu_seconds(postmaster) - server_before
         finally:
             fleet.kill()
+        worker_cpu = fleet.cpu_seconds()
         report = system.report(url)
         problems = verify(fleet.seen(), jobs, report)
     seconds = report["seconds"]
+    cpu = None if worker_cpu is None or server_seconds is None else worker_cpu + server_seconds
     return {
         "scenario": "throughput",
         "system": system.name,
@@ -280,9 +320,25 @@ def throughput_run(
         "sleep_ms": sleep_ms,
         "seconds": seconds,
         "jobs_per_second": jobs / seconds if seconds else None,
+        "worker_cpu_seconds": worker_cpu,
+        "server_cpu_seconds": server_seconds,
+        "cpu_us_per_job": None if cpu is None else cpu / jobs * 1e6,
         "verified": not problems,
         "problems": problems,
     }
+
+
+def server_cpu_seconds(postmaster: int | None) -> float | None:
+    """The server's CPU seconds so far, or None for a server not on this machine."""
+    return None if postmaster is None else server_cpu.postgres_cpu_seconds(postmaster)
+
+
+def wait_for_backends_to_leave(postmaster: int, database_name: str, timeout: float = 10) -> None:
+    """Wait until no backend serves ``database_name``: the time of a backend that has
+    exited counts once the postmaster has reaped it."""
+    deadline = time.monotonic() + timeout
+    while server_cpu.backends_of(postmaster, database_name) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def latency_run(
@@ -320,88 +376,6 @@ def latency_run(
         "verified": not problems,
         "problems": problems,
     }
-
-
-def is_pgqueue(name: str) -> bool:
-    """Whether the system called ``name`` is pgqueue (today's or a baseline), not a peer."""
-    return name == "pgqueue" or name.startswith("pgqueue ")
-
-
-def ratios_to_baseline(
-    runs: list[dict[str, Any]], baseline: str, names: list[str]
-) -> dict[str, dict[str, Any]]:
-    """Per worker count and system of ``names``, its throughput over ``baseline``'s,
-    paired within each repeat (the systems take turns inside a repeat, so a pair
-    shares the machine's mood): the spread of those ratios. Only repeats where both
-    runs were verified count."""
-    rates: dict[tuple[str, int, str], float] = {}
-    for run in runs:
-        if run["scenario"] == "throughput" and run["verified"] and run["jobs_per_second"]:
-            rates[(str(run["workers"]), run["repeat"], run["system"])] = run["jobs_per_second"]
-    out: dict[str, dict[str, Any]] = {}
-    for workers, repeat, system in rates:
-        if system != baseline:
-            continue
-        for name in names:
-            if name != baseline and (workers, repeat, name) in rates:
-                out.setdefault(workers, {}).setdefault(name, []).append(
-                    rates[(workers, repeat, name)] / rates[(workers, repeat, baseline)]
-                )
-    return {
-        workers: {name: results.spread(ratios) for name, ratios in by_name.items()}
-        for workers, by_name in out.items()
-    }
-
-
-def summarize(
-    runs: list[dict[str, Any]], names: list[str], baseline: str | None = None
-) -> dict[str, Any]:
-    """Spread per system and worker count over verified runs, pgqueue's ratio to the
-    fastest peer at each worker count (medians), and with ``baseline``, every pgqueue
-    system's ratio to it (see :func:`ratios_to_baseline`)."""
-    counted = [run for run in runs if run["verified"]]
-    throughput: dict[str, dict[str, Any]] = {}
-    for name in names:
-        by_workers: dict[str, Any] = {}
-        for run in counted:
-            if run["scenario"] == "throughput" and run["system"] == name:
-                by_workers.setdefault(str(run["workers"]), []).append(run["jobs_per_second"])
-        throughput[name] = {w: results.spread(rates) for w, rates in by_workers.items()}
-    ratios = {}
-    for workers, spread in throughput.get("pgqueue", {}).items():
-        peers = {
-            name: throughput[name][workers]["median"]
-            for name in names
-            if not is_pgqueue(name) and workers in throughput[name]
-        }
-        if peers and spread["median"]:
-            fastest = max(peers, key=peers.get)
-            ratios[workers] = {
-                "pgqueue": spread["median"],
-                "fastest_peer": fastest,
-                "fastest_peer_jobs_per_second": peers[fastest],
-                "ratio": spread["median"] / peers[fastest],
-            }
-    latency = {}
-    for name in names:
-        chosen = [r for r in counted if r["scenario"] == "latency" and r["system"] == name]
-        if chosen:
-            latency[name] = {
-                p: results.spread(r["latency_ms"][p] for r in chosen) for p in ("p50", "p95", "p99")
-            }
-    summary = {
-        "throughput": throughput,
-        "pgqueue_vs_fastest_peer": ratios,
-        "latency": latency,
-        "runs_not_counted": len(runs) - len(counted),
-    }
-    if baseline:
-        variants = [name for name in names if is_pgqueue(name) and name != baseline]
-        summary["vs_baseline"] = {
-            "baseline": baseline,
-            "ratios": ratios_to_baseline(runs, baseline, variants),
-        }
-    return summary
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -490,6 +464,7 @@ def main(argv: list[str] | None = None) -> None:
             # The same distributions at another commit: keep both versions apart.
             reported = {f"{package} ({baseline[0]})": v for package, v in reported.items()}
         versions.update(reported)
+    postmaster = server_cpu.local_postmaster_pid(target.url)
     runs: list[dict[str, Any]] = []
     with LiveLine() as progress:
         # Interleave the systems inside each repeat, so a slow spell of the machine
@@ -503,7 +478,9 @@ def main(argv: list[str] | None = None) -> None:
                         f"throughput: {system.name}, {workers} workers, run {repeat + 1}/{repeats}",
                         force=True,
                     )
-                    run = throughput_run(system, target.url, jobs, workers, args.timeout, sleep_ms)
+                    run = throughput_run(
+                        system, target.url, jobs, workers, args.timeout, sleep_ms, postmaster
+                    )
                     runs.append({"repeat": repeat + 1, **run})
                     rate = run["jobs_per_second"]
                     progress.log(
@@ -571,18 +548,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     path = results.write(name, document, args.results_dir)
     print(f"wrote {path}")
-    for workers, ratio in summary["pgqueue_vs_fastest_peer"].items():
-        print(
-            f"{workers} workers: pgqueue {ratio['pgqueue']:,.0f} jobs/s, fastest peer "
-            f"{ratio['fastest_peer']} {ratio['fastest_peer_jobs_per_second']:,.0f} jobs/s: "
-            f"{ratio['ratio']:.2f}x"
-        )
-    for workers, by_name in summary.get("vs_baseline", {}).get("ratios", {}).items():
-        for variant, ratio in by_name.items():
-            print(
-                f"{workers} workers: {variant} / {baseline_name}: {ratio['median']:.3f}x "
-                f"(per repeat {ratio['min']:.3f}-{ratio['max']:.3f}, {ratio['runs']} repeats)"
-            )
+    print_summary(summary, baseline_name)
     if not sleep_ms and not baseline:  # the charts show the no-op scenario with the peers
         for image in plot.plot_peers(document, path.parent):
             print(f"wrote {image}")

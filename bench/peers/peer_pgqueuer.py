@@ -70,7 +70,7 @@ async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep
     async def noop(job: Job) -> None:
         if sleep_ms:
             await asyncio.sleep(sleep_ms / 1000)
-        seen.append(int(job.payload))
+        peerlib.ran(seen, int(job.payload))
 
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, pgq.shutdown.set)

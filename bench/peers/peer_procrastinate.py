@@ -26,7 +26,7 @@ def make_app(url: str, seen: list[int], sleep_ms: float = 0.0) -> procrastinate.
     async def noop(seq: int) -> None:
         if sleep_ms:
             await asyncio.sleep(sleep_ms / 1000)
-        seen.append(seq)
+        peerlib.ran(seen, seq)
 
     return app
 

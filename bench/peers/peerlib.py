@@ -12,7 +12,9 @@ Every peer script answers the same subcommands, which ``compare.py`` drives:
 ``work --seen-file F [--drain] [--sleep-ms MS]``
     run one worker process: print ``ready`` once connected, start on a line on
     stdin, and with ``--drain`` exit when the queue is empty (else on SIGTERM);
-    at exit write the sequence numbers this process ran to F, one per line.
+    at exit write the sequence numbers this process ran to F, one per line, and
+    the CPU seconds it used from its first job to F with the suffix ``.cpu``
+    (each job is noted with ``ran``).
     With ``--sleep-ms``, every job's handler is ``async def`` and awaits
     ``asyncio.sleep`` of that long before it remembers its job
 ``produce --jobs N --rate R``
@@ -42,9 +44,23 @@ NOOP_TASK = "bench_noop"
 SEEN: list[int] = []
 
 
+# This process's CPU seconds (every thread's) when its first job ran, or None before.
+_CPU_AT_FIRST_JOB: float | None = None
+
+
+def ran(seen: list[int], seq: int) -> None:
+    """Note that this process ran job ``seq``, and the CPU time of its first job: the
+    CPU each system spends draining is counted from there (see :func:`write_seen`), so
+    what a worker does once at start-up is left out."""
+    global _CPU_AT_FIRST_JOB
+    if _CPU_AT_FIRST_JOB is None:
+        _CPU_AT_FIRST_JOB = time.process_time()
+    seen.append(seq)
+
+
 def remember(payload: dict) -> None:
     """A no-op pgqueue handler that remembers which job it ran."""
-    SEEN.append(int(payload["seq"]))
+    ran(SEEN, int(payload["seq"]))
 
 
 PGQUEUE_HANDLERS = {NOOP_TASK: remember}
@@ -57,7 +73,7 @@ async def sleep_then_remember(payload: dict) -> None:
     """An async pgqueue handler that awaits ``asyncio.sleep(SLEEP_SECONDS)``, then
     remembers which job it ran."""
     await asyncio.sleep(SLEEP_SECONDS)
-    SEEN.append(int(payload["seq"]))
+    ran(SEEN, int(payload["seq"]))
 
 
 PGQUEUE_ASYNC_HANDLERS = {NOOP_TASK: sleep_then_remember}
@@ -122,8 +138,16 @@ def wait_for_go() -> None:
 
 
 def write_seen(path: Path, seen: Iterable[int]) -> None:
-    """Record the sequence numbers this process ran."""
+    """Record the sequence numbers this process ran, and beside them the CPU seconds
+    it used from its first job (see :func:`ran`) to now, its exit: 0 if it ran none."""
     path.write_text("".join(f"{seq}\n" for seq in seen))
+    used = 0.0 if _CPU_AT_FIRST_JOB is None else time.process_time() - _CPU_AT_FIRST_JOB
+    cpu_path(path).write_text(f"{used:.6f}\n")
+
+
+def cpu_path(seen_file: Path) -> Path:
+    """Where ``write_seen`` puts the CPU seconds of the process of ``seen_file``."""
+    return seen_file.with_name(seen_file.name + ".cpu")
 
 
 def print_json(value: object) -> None:

@@ -77,9 +77,9 @@ def test_the_summary_spreads_the_cycles_and_judges_the_limits_by_their_worst_rea
 
 
 @pytest.fixture(scope="module")
-def compare() -> Iterator[ModuleType]:
-    path = Path(__file__).resolve().parents[2] / "bench" / "peers" / "compare.py"
-    spec = importlib.util.spec_from_file_location("peers_compare", path)
+def peers_summary() -> Iterator[ModuleType]:
+    path = Path(__file__).resolve().parents[2] / "bench" / "peers" / "peers_summary.py"
+    spec = importlib.util.spec_from_file_location("peers_summary", path)
     module = importlib.util.module_from_spec(spec)
     # Its dataclasses look their module up by name while it loads.
     sys.modules[spec.name] = module
@@ -90,7 +90,9 @@ def compare() -> Iterator[ModuleType]:
         del sys.modules[spec.name]
 
 
-def _run(system: str, workers: int, repeat: int, rate: float | None, verified=True) -> dict:
+def _run(
+    system: str, workers: int, repeat: int, rate: float | None, verified=True, cpu=None
+) -> dict:
     return {
         "scenario": "throughput",
         "system": system,
@@ -98,10 +100,11 @@ def _run(system: str, workers: int, repeat: int, rate: float | None, verified=Tr
         "repeat": repeat,
         "jobs_per_second": rate,
         "verified": verified,
+        "cpu_us_per_job": cpu,
     }
 
 
-def test_ratios_to_the_baseline_pair_runs_of_the_same_repeat(compare: ModuleType):
+def test_ratios_to_the_baseline_pair_runs_of_the_same_repeat(peers_summary: ModuleType):
     base = "pgqueue old"
     runs = [
         _run(base, 1, 1, 100.0),
@@ -119,7 +122,7 @@ def test_ratios_to_the_baseline_pair_runs_of_the_same_repeat(compare: ModuleType
         _run("pgqueue", 2, 2, 400.0),  # no baseline run in that repeat: no pair
         _run("pgqueuer", 1, 1, 1000.0),  # a peer, not asked for
     ]
-    ratios = compare.ratios_to_baseline(runs, base, ["pgqueue", "pgqueue rate-limited"])
+    ratios = peers_summary.ratios_to_baseline(runs, base, ["pgqueue", "pgqueue rate-limited"])
     assert ratios["1"]["pgqueue"]["median"] == pytest.approx(1.1)
     assert ratios["1"]["pgqueue"]["min"] == pytest.approx(1.05)
     assert ratios["1"]["pgqueue"]["max"] == pytest.approx(1.2)
@@ -130,7 +133,7 @@ def test_ratios_to_the_baseline_pair_runs_of_the_same_repeat(compare: ModuleType
 
 
 def test_the_summary_compares_pgqueue_with_peers_only_and_every_pgqueue_with_the_baseline(
-    compare: ModuleType,
+    peers_summary: ModuleType,
 ):
     names = ["pgqueue", "pgqueuer", "pgqueue concurrency-limited", "pgqueue old"]
     runs = [
@@ -139,11 +142,32 @@ def test_the_summary_compares_pgqueue_with_peers_only_and_every_pgqueue_with_the
         _run("pgqueue concurrency-limited", 1, 1, 99.0),
         _run("pgqueue old", 1, 1, 200.0),
     ]
-    summary = compare.summarize(runs, names, "pgqueue old")
+    summary = peers_summary.summarize(runs, names, "pgqueue old")
     assert summary["pgqueue_vs_fastest_peer"]["1"]["fastest_peer"] == "pgqueuer"
     assert summary["vs_baseline"]["baseline"] == "pgqueue old"
     assert set(summary["vs_baseline"]["ratios"]["1"]) == {
         "pgqueue",
         "pgqueue concurrency-limited",
     }
-    assert "vs_baseline" not in compare.summarize(runs, names)
+    assert "vs_baseline" not in peers_summary.summarize(runs, names)
+
+
+def test_cpu_per_job_is_summarised_and_paired_with_the_baseline_where_measured(
+    peers_summary: ModuleType,
+):
+    names = ["pgqueue", "pgqueue old"]
+    runs = [
+        _run("pgqueue old", 1, 1, 100.0, cpu=50.0),
+        _run("pgqueue", 1, 1, 110.0, cpu=45.0),
+        _run("pgqueue old", 1, 2, 100.0, cpu=40.0),
+        _run("pgqueue", 1, 2, 90.0, cpu=44.0),
+        # A server on another machine: no CPU figure, so no CPU pair in that repeat.
+        _run("pgqueue old", 1, 3, 100.0),
+        _run("pgqueue", 1, 3, 100.0, cpu=10.0),
+    ]
+    summary = peers_summary.summarize(runs, names, "pgqueue old")
+    assert summary["cpu_us_per_job"]["pgqueue"]["1"]["runs"] == 3
+    assert summary["cpu_us_per_job"]["pgqueue old"]["1"]["median"] == pytest.approx(45.0)
+    cpu = summary["vs_baseline"]["cpu_per_job_ratios"]["1"]["pgqueue"]
+    assert (cpu["min"], cpu["max"], cpu["runs"]) == (pytest.approx(0.9), pytest.approx(1.1), 2)
+    assert summary["vs_baseline"]["ratios"]["1"]["pgqueue"]["runs"] == 3

@@ -619,7 +619,38 @@ def baseline_section(document: dict[str, Any]) -> list[str]:
         "",
     ]
     lines += [f"- {name}: {described[name]}" for name in [baseline, *systems] if name in described]
-    return [*lines, ""]
+    return [*lines, "", *_baseline_cpu_lines(document, baseline, systems)]
+
+
+def _baseline_cpu_lines(document: dict[str, Any], baseline: str, systems: list[str]) -> list[str]:
+    """The same runs' CPU per job (worker processes and server), which the machine's
+    other work moves far less than a rate; nothing for a file from before it was
+    measured."""
+    summary = document["summary"]
+    ratios = summary["vs_baseline"].get("cpu_per_job_ratios")
+    cpu = summary.get("cpu_us_per_job")
+    if not ratios or not cpu:
+        return []
+    rows = [
+        [
+            workers,
+            _median_range(_spread_values(cpu[baseline].get(workers)), 1),
+            *(
+                f"{_median_range(_spread_values(cpu[name].get(workers)), 1)} "
+                f"({_ratio_range(ratios[workers].get(name))})"
+                for name in systems
+            ),
+        ]
+        for workers in sorted(ratios, key=int)
+    ]
+    return [
+        f"CPU per job in the same runs (microseconds, worker processes and server together, "
+        f"from the start barrier until the workers' backends are gone); in parentheses, the "
+        f"median and min-max of the per-repeat ratios to {baseline}: above 1 costs more.",
+        "",
+        *_table(["workers", baseline, *systems], rows),
+        "",
+    ]
 
 
 def _spread_values(spread: dict[str, Any] | None) -> list[float]:

@@ -55,7 +55,8 @@ The driver's parts, one job each: :mod:`~pgqueue_bench.scale_scenario` (the queu
 sizes, server settings and targets), :mod:`~pgqueue_bench.scale_statements`
 (``scale.sql``, through the benchmarks' one loader), :mod:`~pgqueue_bench.scale_history`
 (the history and the catalogs' sizes and statistics), :mod:`~pgqueue_bench.scale_clients`
-(the claiming processes and the server's CPU clock), :mod:`~pgqueue_bench.scale_measure`
+(the claiming processes), :mod:`~pgqueue_bench.server_cpu` (the server's CPU clock),
+:mod:`~pgqueue_bench.scale_measure`
 (a drain, the scrapes and the prune on one schema), :mod:`~pgqueue_bench.scale_soak`,
 :mod:`~pgqueue_bench.scale_summary` and :mod:`~pgqueue_bench.scale_plot`. This module
 runs the history sizes and holds the command.
@@ -73,7 +74,6 @@ import click
 from pgqueue import migrate
 from pgqueue_bench import database, environment, results
 from pgqueue_bench.progress import LiveLine
-from pgqueue_bench.scale_clients import ServerCpu, postgres_cpu_seconds
 from pgqueue_bench.scale_history import HistoryWindow, load_history, relation_sizes
 from pgqueue_bench.scale_measure import measure_drain, measure_prune, measure_scrapes
 from pgqueue_bench.scale_plot import plot_scale
@@ -89,6 +89,7 @@ from pgqueue_bench.scale_scenario import (
 )
 from pgqueue_bench.scale_soak import run_soak
 from pgqueue_bench.scale_summary import summarize_sizes
+from pgqueue_bench.server_cpu import ServerCpu, postgres_cpu_seconds
 from pgqueue_bench.servers import PrivateServer, binaries_for
 
 # -- the history sizes ------------------------------------------------------------------

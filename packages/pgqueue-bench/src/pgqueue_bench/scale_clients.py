@@ -1,11 +1,9 @@
-"""The processes that claim and ack for the scale driver, and the server's CPU clock.
+"""The processes that claim and ack for the scale driver.
 
 Claim clients (:func:`drain_client`) and the soak's producer (:func:`backlog_producer`)
 run in spawned processes, each with an interpreter of its own, so that neither the
 driver's sampling nor each other's GIL slows them; :func:`client_processes` starts them
 behind one barrier and :func:`collect_reports` gathers what they report.
-:func:`postgres_cpu_seconds` reads the private cluster's CPU time, for the server's CPU
-per job.
 """
 
 from __future__ import annotations
@@ -13,10 +11,8 @@ from __future__ import annotations
 import contextlib
 import multiprocessing
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
-
-import psutil
 
 from pgqueue import JobSpec, Queue
 from pgqueue_bench import handlers
@@ -189,25 +185,3 @@ def collect_reports(reports: Any, processes: list[Any], timeout: float) -> list[
             if all(not process.is_alive() for process in processes) and reports.empty():
                 raise RuntimeError("a claim client exited without a report") from None
     return collected
-
-
-# -- the server's CPU -----------------------------------------------------------------
-
-
-# Reads the server's CPU seconds so far: postgres_cpu_seconds bound to a postmaster.
-ServerCpu = Callable[[], float]
-
-
-def postgres_cpu_seconds(postmaster_pid: int) -> float:
-    """CPU seconds used so far by a PostgreSQL server: the postmaster, its live children
-    (backends, autovacuum, checkpointer, WAL writer) and the children that have exited,
-    whose time the kernel adds to the postmaster's once it has reaped them. Unlike a
-    rate, it barely moves when other programs busy the machine."""
-    postmaster = psutil.Process(postmaster_pid)
-    own = postmaster.cpu_times()
-    total = own.user + own.system + own.children_user + own.children_system
-    for child in postmaster.children():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            times = child.cpu_times()
-            total += times.user + times.system
-    return total

@@ -24,12 +24,7 @@ from pgqueue.history import Day
 from pgqueue.job import FINISHED_STATES
 from pgqueue_bench import database, handlers
 from pgqueue_bench.latency import percentiles
-from pgqueue_bench.scale_clients import (
-    ServerCpu,
-    claim_latency_ms,
-    client_processes,
-    collect_reports,
-)
+from pgqueue_bench.scale_clients import claim_latency_ms, client_processes, collect_reports
 from pgqueue_bench.scale_history import (
     HistoryWindow,
     jobs_activity,
@@ -38,6 +33,7 @@ from pgqueue_bench.scale_history import (
 )
 from pgqueue_bench.scale_scenario import ENQUEUE_BATCH, QUEUE_NAME, Scenario
 from pgqueue_bench.scale_statements import run_statement
+from pgqueue_bench.server_cpu import ServerCpu
 from pgqueue_bench.servers import free_port
 
 # -- one throughput run ---------------------------------------------------------------

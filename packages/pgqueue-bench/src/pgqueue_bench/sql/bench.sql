@@ -76,6 +76,9 @@ SELECT pg_reload_conf() AS reloaded;
 -- name: server_in_recovery
 SELECT pg_is_in_recovery() AS in_recovery;
 
+-- name: backend_pid
+SELECT pg_backend_pid() AS pid;
+
 -- name: backend_pids
 -- Client backends other than this one, optionally only those of one application.
 SELECT pid FROM pg_stat_activity

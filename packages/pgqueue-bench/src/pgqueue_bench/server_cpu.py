@@ -1,0 +1,59 @@
+"""The CPU time a PostgreSQL server on this machine has used: the figure a benchmark
+divides by its jobs for the server's CPU per job.
+
+Unlike a rate, CPU seconds barely move when other programs busy the machine, so two
+builds compared on CPU per job differ by what each makes the server do, not by what
+else ran at the time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import psutil
+import psycopg
+
+from pgqueue_bench.queries import one_row, statement
+
+# Reads the server's CPU seconds so far: postgres_cpu_seconds bound to a postmaster.
+ServerCpu = Callable[[], float]
+
+
+def postgres_cpu_seconds(postmaster_pid: int) -> float:
+    """CPU seconds used so far by a PostgreSQL server: the postmaster, its live children
+    (backends, autovacuum, checkpointer, WAL writer) and the children that have exited,
+    whose time the kernel adds to the postmaster's once it has reaped them."""
+    postmaster = psutil.Process(postmaster_pid)
+    own = postmaster.cpu_times()
+    total = own.user + own.system + own.children_user + own.children_system
+    for child in postmaster.children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = child.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def local_postmaster_pid(url: str) -> int | None:
+    """The pid of the postmaster serving ``url``, if it runs on this machine (the parent
+    of this connection's backend, when that process is ours to see), else None."""
+    with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+        backend = int(one_row(conn.execute(statement("backend_pid")))[0])
+        # While the connection is open: its backend exits once it closes.
+        try:
+            parent = psutil.Process(backend).parent()
+        except psutil.Error:
+            return None  # another machine's (or a container's) process
+    return None if parent is None else parent.pid
+
+
+def backends_of(postmaster_pid: int, database: str) -> int:
+    """How many of the server's processes serve ``database`` now (a backend's title
+    names its database), for waiting until the clients that left have been reaped."""
+    count = 0
+    for child in psutil.Process(postmaster_pid).children():
+        with contextlib.suppress(psutil.Error):
+            title = child.cmdline()
+            if title and f" {database} " in f" {' '.join(title)} ":
+                count += 1
+    return count
