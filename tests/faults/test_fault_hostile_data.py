@@ -22,7 +22,7 @@ import pytest
 from fault_support import SCHEMA, FaultRun, prepare_schema, send_via_api, serve_api, work_jobs
 
 from pgqueue import JobSpec, JobState, Lease, LeaseLost, Queue, Waiter
-from pgqueue.queue import default_worker_id
+from pgqueue.claiming import default_worker_id
 from pgqueue_api import ApiSettings
 from pgqueue_bench import audit
 

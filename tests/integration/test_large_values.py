@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgqueue import JobSpec, JobState, Queue, ValidationError
-from pgqueue import queue as queue_module
+from pgqueue import JobSpec, JobState, Queue, ValidationError, outcomes
 from pgqueue.validation import PAYLOAD_MAX_BYTES, RESULT_MAX_BYTES, TooLarge, within_limit
 
 pytestmark = pytest.mark.timeout(60)
@@ -93,7 +92,7 @@ def test_a_batch_of_results_beyond_one_statements_bound_is_acked_whole(
     roomy: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A bound of 1 kB splits ten 600-byte results into ten statements in one transaction.
-    monkeypatch.setattr(queue_module, "ACK_STATEMENT_MAX_BYTES", 1000)
+    monkeypatch.setattr(outcomes, "ACK_STATEMENT_MAX_BYTES", 1000)
     for _ in range(10):
         roomy.enqueue("t")
     jobs = roomy.claim(["default"], ["t"], 10)
@@ -108,15 +107,15 @@ def test_a_batch_of_results_beyond_one_statements_bound_is_acked_whole(
 
 def test_ack_chunks_keep_order_and_bound_each_statement() -> None:
     storable = [
-        queue_module._Storable(job=None, result=None, text="x" * size)  # type: ignore[arg-type]
+        outcomes._Storable(job=None, result=None, text="x" * size)  # type: ignore[arg-type]
         for size in (5, 5, 5, 20, 1, 1)
     ]
-    bound = queue_module.ACK_STATEMENT_MAX_BYTES
+    bound = outcomes.ACK_STATEMENT_MAX_BYTES
     try:
-        queue_module.ACK_STATEMENT_MAX_BYTES = 10
-        chunks = list(queue_module._ack_chunks(storable))
+        outcomes.ACK_STATEMENT_MAX_BYTES = 10
+        chunks = list(outcomes._ack_chunks(storable))
     finally:
-        queue_module.ACK_STATEMENT_MAX_BYTES = bound
+        outcomes.ACK_STATEMENT_MAX_BYTES = bound
     assert [(offset, [len(s.text) for s in chunk]) for offset, chunk in chunks] == [
         (0, [5, 5]),
         (2, [5]),

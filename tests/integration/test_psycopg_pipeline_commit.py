@@ -5,7 +5,7 @@ socket's buffers waits forever: psycopg sends a Sync, stops sending once the com
 queue is empty even though libpq's output buffer still holds part of the statement,
 and waits for results the server cannot produce before it has the whole statement
 (docs/psycopg-pipeline-commit-hang.md). pgqueue sends its COMMIT as a statement
-instead (``pgqueue.queue._send_commit``), which the pipeline's exit flushes in full.
+instead (``pgqueue.queue_base.send_commit``), which the pipeline's exit flushes in full.
 
 If this test fails because the reproduction returned, the installed psycopg has fixed
 the behaviour: mark the first test xfail for that version and keep the workaround

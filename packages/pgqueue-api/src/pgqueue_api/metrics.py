@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from pgqueue import JobState, Queue
-from pgqueue.queue import MetricsSnapshot
+from pgqueue.queue_metrics import MetricsSnapshot
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
 """The Prometheus text exposition format that ``generate_latest`` writes."""

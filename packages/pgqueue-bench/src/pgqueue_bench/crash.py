@@ -100,7 +100,7 @@ def _dependency_figures(url: str, schema: str) -> dict[str, int]:
 
 
 def _worker_pid(worker_id: str | None) -> int | None:
-    # Worker ids are host:pid:nonce (pgqueue.queue.default_worker_id).
+    # Worker ids are host:pid:nonce (pgqueue.claiming.default_worker_id).
     parts = (worker_id or "").split(":")
     if len(parts) >= 2 and parts[-2].isdigit():
         return int(parts[-2])

@@ -1,6 +1,7 @@
 """pgqueue: a durable, at-least-once job queue whose only moving part is PostgreSQL."""
 
 from pgqueue.backoff import backoff_seconds
+from pgqueue.claiming import Waiter
 from pgqueue.dependencies import BatchItem, JobDependencies
 from pgqueue.errors import (
     DatabaseUnavailable,
@@ -18,10 +19,13 @@ from pgqueue.errors import (
 )
 from pgqueue.hookspecs import call_when, hookimpl
 from pgqueue.job import EnqueueResult, Job, JobState, Lease
+from pgqueue.job_spec import JobSpec
 from pgqueue.migrations import migrate
+from pgqueue.outcomes import AckBatch
 from pgqueue.plugins import LifecycleHooks, TaskHandler, collect_tasks, get_plugin_manager
-from pgqueue.queue import AckBatch, JobPage, JobSpec, Queue, QueueStats, Waiter
+from pgqueue.queue import JobPage, Queue
 from pgqueue.queue_control import UNSET, QueueInfo
+from pgqueue.queue_metrics import QueueStats
 from pgqueue.registry import UnservedTask, WorkerInfo, WorkerRegistration
 
 __all__ = [

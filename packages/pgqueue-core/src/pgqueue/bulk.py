@@ -29,7 +29,7 @@ from pgqueue import jsonb, queries
 from pgqueue.job import Job
 
 if TYPE_CHECKING:
-    from pgqueue.queue import JobSpec
+    from pgqueue.job_spec import JobSpec
 
 COPY_MIN_JOBS = 200
 """Batches of at least this many keyless jobs go through COPY. Below it, the two extra

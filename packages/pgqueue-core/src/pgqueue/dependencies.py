@@ -47,7 +47,7 @@ from pgqueue.errors import IdempotencyMismatch, UnknownDependencies, ValidationE
 from pgqueue.job import EnqueueResult, Job, JobState
 
 if TYPE_CHECKING:
-    from pgqueue.queue import JobSpec
+    from pgqueue.job_spec import JobSpec
 
 MAX_DEPENDENCIES = 10_000
 """The most dependencies one job may name: a larger fan-in can wait on a job that

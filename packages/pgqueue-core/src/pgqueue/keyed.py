@@ -38,7 +38,7 @@ from pgqueue.errors import DatabaseUnavailable, IdempotencyMismatch
 from pgqueue.job import EnqueueResult, Job
 
 if TYPE_CHECKING:
-    from pgqueue.queue import JobSpec
+    from pgqueue.job_spec import JobSpec
 
 ROUNDS = 10
 """How many times an item is tried whose key's holder vanished before it was read: a

@@ -43,6 +43,7 @@ import psycopg
 
 from pgqueue import jsonb
 from pgqueue.errors import IdempotencyConflict, ValidationError
+from pgqueue.job_spec import JobSpec
 from pgqueue.locks import advisory_key
 from pgqueue.queries import one_row
 from pgqueue.schedules import (
@@ -317,8 +318,6 @@ class ScheduleMethods:
                 missed,
                 tick.isoformat(),
             )
-        from pgqueue.queue import JobSpec  # queue imports this module
-
         key = tick_key(name, tick)
         try:
             spec = JobSpec(

@@ -18,6 +18,7 @@ import pluggy
 
 from pgqueue import DatabaseUnavailable, LifecycleHooks, Queue, ValidationError, validation
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS
+from pgqueue.claiming import CLAIM_MODES, default_worker_id
 from pgqueue.cli import database_options, not_migrated, parse_duration, resolve_url
 from pgqueue.migrations import UnknownSchemaVersion
 from pgqueue.plugins import (
@@ -27,7 +28,6 @@ from pgqueue.plugins import (
     get_plugin_manager,
     plugin_error,
 )
-from pgqueue.queue import CLAIM_MODES, default_worker_id
 from pgqueue.schedules import ScheduleError, collect_schedules
 from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE, check_schema
 from pgqueue_worker import connections, logging_setup

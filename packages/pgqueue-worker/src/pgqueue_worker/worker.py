@@ -33,7 +33,7 @@ from itertools import chain
 from typing import Any
 
 from pgqueue import DatabaseUnavailable, Job, Lease, Queue, TaskHandler, ValidationError
-from pgqueue.queue import CLAIM_MODES, default_worker_id
+from pgqueue.claiming import CLAIM_MODES, default_worker_id
 from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE, notify_channel
 from pgqueue_worker import connections
 from pgqueue_worker.claims import Claimer, ClaimResult

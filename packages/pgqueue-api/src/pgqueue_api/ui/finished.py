@@ -16,7 +16,7 @@ import time
 from datetime import UTC, datetime, timedelta
 
 from pgqueue import Queue
-from pgqueue.queue import FinishedMinute
+from pgqueue.queue_metrics import FinishedMinute
 
 MIN_READ_SECONDS = 1.5
 

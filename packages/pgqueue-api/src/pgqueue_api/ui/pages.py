@@ -12,7 +12,8 @@ from starlette.concurrency import run_in_threadpool
 from starlette.responses import RedirectResponse, Response
 
 from pgqueue import Job, JobDependencies, JobNotFound, Queue, ValidationError, WorkerInfo
-from pgqueue.queue import JobPage, QueueStats
+from pgqueue.queue import JobPage
+from pgqueue.queue_metrics import QueueStats
 from pgqueue.schedules import ScheduleInfo
 from pgqueue_api.schemas import JOB_ID_MAX
 from pgqueue_api.ui import views

@@ -11,7 +11,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pgqueue import Job, JobState
-from pgqueue.queue import FinishedMinute
+from pgqueue.queue_metrics import FinishedMinute
 
 CHART_MINUTES = 60
 CHART_WIDTH = 240

@@ -1,0 +1,115 @@
+"""``JobSpec``: a job to enqueue, validated once, as the statements that insert it take it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from pgqueue import dependencies, jsonb, validation
+from pgqueue.dependencies import BatchItem
+from pgqueue.errors import ValidationError
+from pgqueue.job import Job, JobState
+from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A job to enqueue, validated on construction."""
+
+    task: str
+    payload: dict[str, Any] = field(default_factory=dict)
+    queue: str = DEFAULT_QUEUE
+    priority: int = 0
+    delay_seconds: float | None = None
+    run_at: datetime | None = None
+    idempotency_key: str | None = None
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    timeout_seconds: float | None = None
+    unique_key: str | None = None
+    """While a queued or running job holds this key, enqueueing another returns that job
+    instead (see :mod:`pgqueue.keyed`)."""
+    depends_on: Sequence[int | BatchItem] = ()
+    """Jobs that must succeed before this one is queued: ids, or earlier items of the
+    same ``enqueue_many`` call (see :mod:`pgqueue.dependencies`)."""
+
+    def __post_init__(self) -> None:
+        validation.name("task", self.task)
+        validation.name("queue", self.queue)
+        validation.priority(self.priority)
+        validation.max_attempts(self.max_attempts)
+        if self.delay_seconds is not None and self.run_at is not None:
+            raise ValidationError("delay_seconds", "give delay_seconds or run_at, not both")
+        if self.delay_seconds is not None:
+            validation.seconds("delay_seconds", self.delay_seconds)
+        if self.run_at is not None:
+            validation.run_at(self.run_at)
+        if self.idempotency_key is not None:
+            validation.idempotency_key(self.idempotency_key)
+        if self.unique_key is not None:
+            validation.unique_key(self.unique_key)
+        if self.timeout_seconds is not None:
+            validation.seconds("timeout_seconds", self.timeout_seconds, positive=True)
+        if self.depends_on:
+            object.__setattr__(self, "depends_on", dependencies.checked(self.depends_on))
+        # Validate (and measure) the payload once; the text is what gets stored.
+        object.__setattr__(self, "_payload_text", validation.payload(self.payload))
+
+    @property
+    def payload_text(self) -> str:
+        """The payload as the JSON text that is stored (validated and measured once)."""
+        text: str = self.__dict__["_payload_text"]  # set by __post_init__
+        return text
+
+    def queued_job(
+        self,
+        job_id: int,
+        run_at: datetime,
+        enqueued_at: datetime,
+        *,
+        loaded_payload: dict[str, Any] | None = None,
+    ) -> Job:
+        """The job this spec became, as the table holds it right after the insert that
+        gave it ``job_id`` and those times (the rest is the spec's). ``loaded_payload``
+        is :attr:`payload_text` already loaded, by a caller that loads many at once."""
+        if loaded_payload is None:
+            # As the table gives it back: the stored JSON text, loaded.
+            loaded_payload = jsonb.load_json(self.payload_text.encode())
+        return Job(
+            id=job_id,
+            queue=self.queue,
+            task=self.task,
+            payload=loaded_payload,
+            priority=self.priority,
+            state=JobState.QUEUED,
+            run_at=run_at,
+            attempts=0,
+            max_attempts=self.max_attempts,
+            timeout_seconds=self.timeout_seconds,
+            lease_token=None,
+            lease_expires_at=None,
+            worker_id=None,
+            enqueued_at=enqueued_at,
+            started_at=None,
+            finished_at=None,
+            last_error=None,
+            errors=[],
+            result=None,
+            idempotency_key=self.idempotency_key,
+        )
+
+    def params(self) -> dict[str, Any]:
+        """Statement parameters for ``job_insert`` and ``job_insert_many``."""
+        return {
+            "queue": self.queue,
+            "task": self.task,
+            "payload": self._payload_text,  # type: ignore[attr-defined]
+            "priority": self.priority,
+            "run_at": self.run_at,
+            "delay_seconds": self.delay_seconds or 0.0,
+            "max_attempts": self.max_attempts,
+            "timeout_seconds": self.timeout_seconds,
+            "idempotency_key": self.idempotency_key,
+            "trace_context": None,  # JSON text, set by an enqueue that is traced
+        }

@@ -1,0 +1,225 @@
+"""Enqueueing, part of :class:`pgqueue.Queue`: one job or many, in a transaction of the
+caller's or in one of its own, with idempotency keys, unique keys and dependencies
+handed to :mod:`pgqueue.keyed` and :mod:`pgqueue.dependencies`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
+from datetime import datetime
+from typing import Any
+
+import psycopg
+import psycopg.errors
+from psycopg.rows import dict_row
+
+from pgqueue import bulk, dependencies, jsonb, keyed, tracing, validation
+from pgqueue.errors import IdempotencyConflict
+from pgqueue.job import EnqueueResult, Job
+from pgqueue.job_spec import JobSpec
+from pgqueue.queue_base import QueueBase
+from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+
+
+class ProducerMethods(QueueBase):
+    """``enqueue`` and ``enqueue_many``: the part of :class:`pgqueue.Queue` a producer
+    calls."""
+
+    def enqueue(
+        self,
+        task: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        delay_seconds: float | None = None,
+        run_at: datetime | None = None,
+        idempotency_key: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout_seconds: float | None = None,
+        unique_key: str | None = None,
+        depends_on: Sequence[int] = (),
+        conn: psycopg.Connection | None = None,
+    ) -> EnqueueResult:
+        """Add one job; with an ``idempotency_key`` already in the table, return that job
+        (``created=False``) if it has the same task, queue and payload, and raise
+        :class:`~pgqueue.errors.IdempotencyConflict` if not.
+
+        With a ``unique_key`` that a queued or running job holds, return that job
+        (``created=False``), whatever its task, queue and payload; once it has finished,
+        the key is free again. See :mod:`pgqueue.keyed` for both keys on one job.
+
+        With ``depends_on`` (job ids), the job waits until those jobs have succeeded, and
+        is cancelled if one ends dead or cancelled (see :mod:`pgqueue.dependencies`);
+        ids that are no job raise :class:`~pgqueue.errors.UnknownDependencies`.
+
+        Pass ``conn`` to enqueue inside your own transaction: the job then commits or
+        rolls back with your writes, and workers are woken when you commit.
+        """
+        spec = JobSpec(
+            task=task,
+            payload={} if payload is None else payload,
+            queue=queue,
+            priority=priority,
+            delay_seconds=delay_seconds,
+            run_at=run_at,
+            idempotency_key=idempotency_key,
+            max_attempts=max_attempts,
+            timeout_seconds=timeout_seconds,
+            unique_key=unique_key,
+            depends_on=depends_on,
+        )
+        return self.enqueue_spec(spec, conn=conn)
+
+    def enqueue_spec(
+        self, spec: JobSpec, *, conn: psycopg.Connection | None = None
+    ) -> EnqueueResult:
+        """:meth:`enqueue` of the job ``spec`` describes (for a caller that has already
+        built one, such as the HTTP API)."""
+        if spec.idempotency_key is not None or spec.unique_key is not None or spec.depends_on:
+            return self.enqueue_many([spec], conn=conn)[0]
+        params = spec.params()
+        validation.within_limit("payload", params["payload"], self.max_payload_bytes)
+        if tracing.enabled():
+            with tracing.sending([spec.queue], [spec.task]) as sent:
+                params["trace_context"] = sent.trace_context
+                row = self._insert_one(params, conn)
+                sent.created([row["id"]])
+        else:
+            row = self._insert_one(params, conn)
+        return EnqueueResult(spec.queued_job(row["id"], row["run_at"], row["enqueued_at"]), True)
+
+    def _insert_one(self, params: dict[str, Any], conn: psycopg.Connection | None) -> Any:
+        """Run job_insert for one job's ``params``: the row of what the server decided."""
+        with self._connection(conn) as c:
+            # No jsonb comes back, so a plain cursor: one with loaders of its own (as
+            # jsonb.cursor makes) makes psycopg rebuild its adapters, about 40 us of CPU
+            # per call, more than all of pgqueue's own Python on this path.
+            cur = c.cursor(row_factory=dict_row)
+            if conn is None:
+                # One statement is its own transaction: in autocommit it costs one round
+                # trip, where BEGIN, the statement and COMMIT cost more, even pipelined.
+                c.autocommit = True
+                try:
+                    cur.execute(self._sql("job_insert"), params)
+                finally:
+                    c.autocommit = False
+            else:
+                cur.execute(self._sql("job_insert"), params)
+            return cur.fetchone()
+
+    def enqueue_many(
+        self, specs: Iterable[JobSpec], *, conn: psycopg.Connection | None = None
+    ) -> list[EnqueueResult]:
+        """Add many jobs in one transaction, all or nothing; results follow the input
+        order. Large keyless batches go in by COPY (see :mod:`pgqueue.bulk`).
+
+        A payload over ``max_payload_bytes`` raises :class:`~pgqueue.validation.TooLarge`
+        (a ValidationError) whose ``index`` is its position in ``specs``; nothing is added.
+
+        Items whose idempotency key already exists (or repeats an earlier item's) return
+        the existing job with ``created=False``, provided the job has the same task, queue
+        and payload (payloads compared as JSON values). If not, the key names another job
+        than the one asked for: :class:`~pgqueue.errors.IdempotencyConflict` is raised
+        naming the items and what differs, and nothing is added, also in ``conn``'s
+        transaction, which may still commit its other work. Priority, timing, attempts
+        and time limit are not compared: a client retrying with other options still
+        means the same job.
+
+        Items whose unique key a queued or running job holds (or an earlier item of the
+        call) return that job with ``created=False``, not compared (see
+        :mod:`pgqueue.keyed`).
+
+        An item's ``depends_on`` may name earlier items of the call by position,
+        ``BatchItem(0)`` (see :mod:`pgqueue.dependencies`).
+        """
+        specs = list(specs)
+        if not specs:
+            return []
+        if tracing.enabled():
+            with tracing.sending([s.queue for s in specs], [s.task for s in specs]) as sent:
+                results = self._enqueue_many(specs, conn, sent.trace_context)
+                sent.created([result.job.id for result in results])
+                return results
+        return self._enqueue_many(specs, conn, None)
+
+    def _enqueue_many(
+        self, specs: list[JobSpec], conn: psycopg.Connection | None, trace_context: str | None
+    ) -> list[EnqueueResult]:
+        """enqueue_many, with ``trace_context`` (JSON text) stored with every job."""
+        for index, spec in enumerate(specs):
+            try:
+                validation.within_limit("payload", spec.payload_text, self.max_payload_bytes)
+            except validation.TooLarge as exc:
+                exc.index = index
+                raise
+        if any(dependencies.has_dependencies(spec) for spec in specs):
+            return self._enqueue_dependent(specs, conn, trace_context)
+        if any(keyed.is_keyed(spec) for spec in specs):
+            return self._enqueue_keyed(specs, conn, trace_context)
+        if len(specs) >= bulk.COPY_MIN_JOBS:
+            with self._connection(conn) as c, c.transaction() if c.autocommit else nullcontext():
+                jobs = bulk.copy_jobs(c, self.schema, specs, trace_context)
+            return [EnqueueResult(job, created=True) for job in jobs]
+        rows = [spec.params() for spec in specs]
+        if trace_context is not None:
+            for row in rows:
+                row["trace_context"] = trace_context
+        columns = {key: [row[key] for row in rows] for key in rows[0]}
+        with self._connection(conn) as c:
+            cur = jsonb.cursor(c)
+            if conn is not None:
+                cur.execute(self._sql("job_insert_many"), columns)
+            else:
+                # A pooled connection and no key, so no conflict to check: the one
+                # statement is its own transaction, in one round trip (as in enqueue).
+                c.autocommit = True
+                try:
+                    cur.execute(self._sql("job_insert_many"), columns)
+                finally:
+                    c.autocommit = False
+            # Keyless rows always insert, in input order, so their ids follow it.
+            inserted = sorted((Job.from_row(row) for row in cur.fetchall()), key=lambda j: j.id)
+            return [EnqueueResult(job, created=True) for job in inserted]
+
+    def _enqueue_keyed(
+        self, specs: list[JobSpec], conn: psycopg.Connection | None, trace_context: str | None
+    ) -> list[EnqueueResult]:
+        """enqueue_many of specs of which some carry an idempotency or a unique key."""
+        with self._connection(conn) as c:
+            # An autocommit connection would commit the insert before a conflict is
+            # found or a key taken for nothing is released: make the statements one
+            # transaction.
+            atomic = conn is not None and c.autocommit
+            with c.transaction() if atomic else nullcontext():
+                cur = jsonb.cursor(c)
+                results, conflicts = keyed.insert_keyed(cur, self.schema, specs, trace_context)
+                if conflicts:
+                    if conn is not None and not atomic:
+                        # The caller's transaction: take back what this call added, so
+                        # that it adds nothing (no savepoint: in a long transaction,
+                        # one per call would overflow the server's subtransaction cache).
+                        ids = [r.job.id for r in results if r.created]
+                        cur.execute(self._sql("job_delete_created"), {"ids": ids})
+                    # Otherwise the transaction is rolled back.
+                    raise IdempotencyConflict(conflicts, items=len(specs))
+                return results
+
+    def _enqueue_dependent(
+        self, specs: list[JobSpec], conn: psycopg.Connection | None, trace_context: str | None
+    ) -> list[EnqueueResult]:
+        """enqueue_many of specs of which some carry ``depends_on``."""
+        dependencies.check_batch_items(specs)
+        # In the caller's transaction, a savepoint: a refused batch (an idempotency
+        # conflict, an unknown dependency) then takes back the dependency marks and
+        # links it wrote as well as its jobs. Batches with dependencies are rare enough
+        # for its cost.
+        with self._connection(conn) as c, c.transaction():
+            cur = jsonb.cursor(c)
+            results, conflicts = dependencies.insert_with_dependencies(
+                cur, self.schema, specs, trace_context
+            )
+            if conflicts:
+                raise IdempotencyConflict(conflicts, items=len(specs))
+        return results
