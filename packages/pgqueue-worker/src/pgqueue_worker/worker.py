@@ -23,7 +23,6 @@ lease expires, the job runs again.
 from __future__ import annotations
 
 import logging
-import math
 import queue as queue_module
 import time
 from collections import Counter
@@ -53,6 +52,7 @@ from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Pruner, Retention
 from pgqueue_worker.reaper import Reaper
 from pgqueue_worker.registration import deregister, register, registration
 from pgqueue_worker.scheduler import Scheduler, ScheduleSync
+from pgqueue_worker.slots import SlotKind
 from pgqueue_worker.wakeup import Listener, WakeSignal
 
 log = logging.getLogger("pgqueue.worker")
@@ -64,22 +64,13 @@ DEFAULT_CONCURRENCY = 32
 # ceiling, without one worker holding far more leases than it can use (docs/design.md,
 # "Async handlers have slots of their own", has the measurements).
 DEFAULT_ASYNC_CONCURRENCY = 1000
-# Jobs claimed ahead of free slots, at most (see Worker._claim_limit).
+# Jobs claimed ahead of free slots, at most (see SlotKind.claim_limit).
 DEFAULT_PREFETCH = 512
-# Claim ahead only as many jobs as the slots are expected to start within this long,
-# judging by how long handlers have been running: a job claimed ahead waits about
-# this long at most, so prefetch helps jobs of microseconds and leaves long ones alone.
-PREFETCH_HORIZON_SECONDS = 0.1
-# Weight of the latest handler's run time in the running average that judges it.
-RUN_TIME_WEIGHT = 0.1
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_REAP_INTERVAL = 5.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 # Even with nothing to wait for, look around this often (a cheap safety net).
 MAX_SLEEP_SECONDS = 60.0
-# First wait before looking again for a job that is runnable but was locked by another
-# transaction (doubling while that lasts).
-RECHECK_SECONDS = 0.01
 # How long a burst worker waits before it tries again to reap when another holds the lock.
 BURST_REAP_RECHECK_SECONDS = 0.1
 # How long the helper threads get to finish their current round when the worker stops.
@@ -99,7 +90,7 @@ class Worker:
     as many as its own slots have room for, so that a queue full of one kind never
     keeps the other's slots idle. While handlers are short, the worker also claims up
     to ``prefetch`` jobs of each kind ahead of its free slots (see
-    :meth:`_claim_limit`); ``prefetch=0`` claims only for free slots.
+    :meth:`~pgqueue_worker.slots.SlotKind.claim_limit`); ``prefetch=0`` claims only for free slots.
 
     ``run()`` blocks until :meth:`stop` is called (from any thread, or a signal
     handler), or, with ``burst=True``, until no job it could claim is runnable. Jobs
@@ -196,8 +187,10 @@ class Worker:
         self._is_async = {name: h.is_async for name, h in self.handlers.items()}
         # The kinds of slot this worker's handlers need, each claimed for on its own. In
         # claim order: the one claimed for last moves to the end (see _write_and_claim).
-        plain = _Kind("plain", [t for t in self.tasks if not self._is_async[t]], concurrency)
-        coroutines = _Kind("async", [t for t in self.tasks if self._is_async[t]], async_concurrency)
+        plain = SlotKind("plain", [t for t in self.tasks if not self._is_async[t]], concurrency)
+        coroutines = SlotKind(
+            "async", [t for t in self.tasks if self._is_async[t]], async_concurrency
+        )
         self._kinds = [kind for kind in (plain, coroutines) if kind.tasks]
         # By is_async, for the per-job bookkeeping.
         self._kind_of = (plain, coroutines)
@@ -223,7 +216,7 @@ class Worker:
         # Jobs asked of the claimer and not yet received (0: no claim in progress), and
         # the kind they were asked for.
         self._claiming = 0
-        self._claiming_kind: _Kind | None = None
+        self._claiming_kind: SlotKind | None = None
         self._leases = LeaseSet()
         self._attempts: dict[Lease, Attempt] = {}
         # Outcomes not yet written, by lease; the unsent ones are also in _unsent until
@@ -466,15 +459,7 @@ class Worker:
                 break
             attempt.returned = True
             self._busy -= 1
-            kind = self._kind_of[attempt.is_async]
-            kind.busy -= 1
-            if attempt.ran_for is not None:
-                typical = kind.typical_run
-                kind.typical_run = (
-                    attempt.ran_for
-                    if typical is None
-                    else typical + RUN_TIME_WEIGHT * (attempt.ran_for - typical)
-                )
+            self._kind_of[attempt.is_async].returned(attempt.ran_for)
             if attempt.abandoned is not None:
                 log.info(
                     "job %s attempt %s returned after it was %s; outcome discarded",
@@ -575,12 +560,10 @@ class Worker:
                 kind.claim_due = True
         kinds = self._kinds
         for index, kind in enumerate(kinds):
-            limit = self._claim_limit(kind)
+            limit = kind.claim_limit(self.prefetch)
             if not self._should_claim(now, kind, limit):
                 continue
-            kind.claim_due = False
-            kind.last_claim_at = now
-            kind.next_run_at = None
+            kind.claiming(now)
             self._claiming = limit
             self._claiming_kind = kind
             if len(kinds) > 1:
@@ -620,64 +603,17 @@ class Worker:
         else:
             kind.found_nothing = self._busy == 0
         self._dispatch(executor, kind, jobs)
-        if len(jobs) == claim.limit:
-            kind.claim_due = True  # there may be more
-            kind.recheck_delay = 0.0
-            return
-        seconds = claim.next_run_seconds
-        if seconds is not None and seconds <= 0:
-            # Runnable, yet not claimed: another transaction holds the row (another
-            # worker's claim, most likely, which commits in a moment), or the queue's
-            # concurrency limit is reached. Look again soon, backing off in case a long
-            # transaction holds it, or other workers hold the limit; a claim that
-            # brought jobs starts again from the shortest wait, so a worker sharing a
-            # limited queue takes up the room its own jobs leave.
-            kind.recheck_delay = (
-                RECHECK_SECONDS
-                if jobs
-                else min(max(2 * kind.recheck_delay, RECHECK_SECONDS), self.poll_interval)
-            )
-            seconds = kind.recheck_delay
-        else:
-            kind.recheck_delay = 0.0
-        if seconds is not None:
-            kind.next_run_at = time.monotonic() + seconds
+        kind.claimed(
+            len(jobs), claim.limit, claim.next_run_seconds, self.poll_interval, time.monotonic()
+        )
 
-    def _claim_limit(self, kind: _Kind) -> int:
-        """How many jobs of ``kind`` to claim now: one per free slot of that kind, and
-        up to ``prefetch`` more, as many as its slots are expected to start within
-        PREFETCH_HORIZON_SECONDS.
-
-        Claiming ahead is what makes short jobs cheap: every claim statement, ack
-        statement and commit has a cost of its own, paid once per batch, and a batch
-        can be no larger than what the worker claims at once. A job claimed ahead waits
-        in the executor for a slot, under its lease like any other.
-
-        While every slot is busy, this is 0 until room for half of those jobs claimed
-        ahead has opened up: the worker then tops up in a few large claims, instead of
-        one small claim per handler that returns.
-        """
-        ahead = 0
-        size = kind.size
-        if self.prefetch and kind.typical_run is not None:
-            expected = size * PREFETCH_HORIZON_SECONDS / max(kind.typical_run, 1e-6)
-            ahead = min(self.prefetch, int(expected))
-        room = size + ahead - kind.busy
-        if kind.busy >= size and room < ahead // 2:
-            return 0
-        return room
-
-    def _should_claim(self, now: float, kind: _Kind, free: int) -> bool:
+    def _should_claim(self, now: float, kind: SlotKind, free: int) -> bool:
         if self._stop_requested or free < 1:
             return False
-        if kind.claim_due or now >= kind.last_claim_at + self.poll_interval:
-            return True
-        if kind.next_run_at is not None and now >= kind.next_run_at:
-            return True
         # In burst mode an idle worker looks once more before it concludes it is done.
-        return self.burst and self._busy == 0
+        return kind.due(now, self.poll_interval) or (self.burst and self._busy == 0)
 
-    def _dispatch(self, executor: Executor, kind: _Kind, jobs: list[Job]) -> None:
+    def _dispatch(self, executor: Executor, kind: SlotKind, jobs: list[Job]) -> None:
         attempts = []
         for job in jobs:
             handler = self.handlers[job.task]
@@ -696,7 +632,7 @@ class Worker:
         # Held before any handler runs, so that the heartbeat covers every claimed job.
         self._leases.add([attempt.lease for attempt in attempts])
         self._busy += len(attempts)
-        kind.busy += len(attempts)
+        kind.started(len(attempts))
         executor.submit_many(attempts)
 
     def _sleep_seconds(self, now: float, stop_deadline: float | None) -> float:
@@ -710,10 +646,8 @@ class Worker:
             wake_at.append(stop_deadline)
         elif not self._claiming:
             for kind in self._kinds:
-                if self._claim_limit(kind) > 0:
-                    wake_at.append(max(retry_at, kind.last_claim_at + self.poll_interval))
-                    if kind.next_run_at is not None:
-                        wake_at.append(max(retry_at, kind.next_run_at))
+                if kind.claim_limit(self.prefetch) > 0:
+                    wake_at.extend(kind.wake_times(retry_at, self.poll_interval))
         for _, attempt in self._timed_attempts():
             # An attempt waiting for a slot has no deadline yet: its start wakes the loop.
             if attempt.deadline is not None and attempt.abandoned is None and not attempt.returned:
@@ -851,43 +785,6 @@ class Worker:
             self.heartbeat_seconds,
             wakeup,
         )
-
-
-class _Kind:
-    """The claim loop's bookkeeping for one kind of handler slot: plain functions (on
-    threads) or coroutines (on the event loop). Each kind is claimed for on its own:
-    only its tasks, as many as its slots have room for, with its own pace."""
-
-    __slots__ = (
-        "busy",
-        "claim_due",
-        "found_nothing",
-        "last_claim_at",
-        "name",
-        "next_run_at",
-        "recheck_delay",
-        "size",
-        "tasks",
-        "typical_run",
-    )
-
-    def __init__(self, name: str, tasks: list[str], size: int) -> None:
-        self.name = name
-        self.tasks = tasks
-        self.size = size
-        self.busy = 0
-        """Attempts of this kind whose handler has not returned (running or waiting)."""
-        self.typical_run: float | None = None
-        """Seconds this kind's handlers take, a running average."""
-        self.claim_due = True
-        self.last_claim_at = -math.inf
-        self.next_run_at: float | None = None
-        self.recheck_delay = 0.0
-        self.found_nothing = False
-        """The last claim of this kind found nothing (burst mode ends on it)."""
-
-    def describe(self) -> str:
-        return f"{self.size} slots for {self.name} handlers"
 
 
 def _lease(job: Job) -> Lease:

@@ -1,0 +1,155 @@
+"""The claim policy of one kind of handler slot: how many jobs to claim, when to claim
+again, and how fast to look again after a claim came back short.
+
+A worker has a kind for plain functions (on threads) and one for coroutines (on its
+event loop), each claimed for on its own: only its tasks, as many as its slots have
+room for, at its own pace. The claim loop owns every :class:`SlotKind` (no locks), and
+passes in the clock, so the policy is plain arithmetic, tested without a database.
+"""
+
+from __future__ import annotations
+
+import math
+
+# Claim ahead only as many jobs as the slots are expected to start within this long,
+# judging by how long handlers have been running: a job claimed ahead waits about
+# this long at most, so prefetch helps jobs of microseconds and leaves long ones alone.
+PREFETCH_HORIZON_SECONDS = 0.1
+# Weight of the latest handler's run time in the running average that judges it.
+RUN_TIME_WEIGHT = 0.1
+# First wait before looking again for a job that is runnable but was locked by another
+# transaction (doubling while that lasts).
+RECHECK_SECONDS = 0.01
+
+
+class SlotKind:
+    """One kind of handler slot and the state of its claims (see the module docstring).
+    Times are the claim loop's ``time.monotonic()`` seconds."""
+
+    __slots__ = (
+        "busy",
+        "claim_due",
+        "found_nothing",
+        "last_claim_at",
+        "name",
+        "next_run_at",
+        "recheck_delay",
+        "size",
+        "tasks",
+        "typical_run",
+    )
+
+    def __init__(self, name: str, tasks: list[str], size: int) -> None:
+        self.name = name
+        self.tasks = tasks
+        self.size = size
+        """Slots: handlers of this kind that run at once, at most."""
+        self.busy = 0
+        """Attempts of this kind whose handler has not returned (running or waiting)."""
+        self.typical_run: float | None = None
+        """Seconds this kind's handlers take, a running average."""
+        self.claim_due = True
+        """Claim at the next chance: there may be more jobs, or a notification came."""
+        self.last_claim_at = -math.inf
+        self.next_run_at: float | None = None
+        """When a job of this kind is due (or worth looking for again), if known."""
+        self.recheck_delay = 0.0
+        self.found_nothing = False
+        """The last claim of this kind found nothing (burst mode ends on it)."""
+
+    def describe(self) -> str:
+        """For the worker's start-up line."""
+        return f"{self.size} slots for {self.name} handlers"
+
+    def started(self, attempts: int) -> None:
+        """``attempts`` claimed jobs were handed to this kind's slots."""
+        self.busy += attempts
+
+    def returned(self, ran_for: float | None) -> None:
+        """A handler of this kind returned after ``ran_for`` seconds (None: it never
+        ran, called off while it waited for a slot)."""
+        self.busy -= 1
+        if ran_for is not None:
+            typical = self.typical_run
+            self.typical_run = (
+                ran_for if typical is None else typical + RUN_TIME_WEIGHT * (ran_for - typical)
+            )
+
+    def claim_limit(self, prefetch: int) -> int:
+        """How many jobs to claim now: one per free slot, and up to ``prefetch`` more,
+        as many as the slots are expected to start within PREFETCH_HORIZON_SECONDS.
+
+        Claiming ahead is what makes short jobs cheap: every claim statement, ack
+        statement and commit has a cost of its own, paid once per batch, and a batch
+        can be no larger than what the worker claims at once. A job claimed ahead waits
+        in the executor for a slot, under its lease like any other.
+
+        While every slot is busy, this is 0 until room for half of those jobs claimed
+        ahead has opened up: the worker then tops up in a few large claims, instead of
+        one small claim per handler that returns.
+        """
+        ahead = 0
+        size = self.size
+        if prefetch and self.typical_run is not None:
+            expected = size * PREFETCH_HORIZON_SECONDS / max(self.typical_run, 1e-6)
+            ahead = min(prefetch, int(expected))
+        room = size + ahead - self.busy
+        if self.busy >= size and room < ahead // 2:
+            return 0
+        return room
+
+    def due(self, now: float, poll_interval: float) -> bool:
+        """Whether a claim is due now: asked for, a poll interval since the last one, or
+        a job known to be due by now."""
+        if self.claim_due or now >= self.last_claim_at + poll_interval:
+            return True
+        return self.next_run_at is not None and now >= self.next_run_at
+
+    def claiming(self, now: float) -> None:
+        """A claim for this kind is being sent."""
+        self.claim_due = False
+        self.last_claim_at = now
+        self.next_run_at = None
+
+    def claimed(
+        self,
+        jobs: int,
+        limit: int,
+        next_run_seconds: float | None,
+        poll_interval: float,
+        now: float,
+    ) -> None:
+        """A claim for ``limit`` jobs brought ``jobs``; ``next_run_seconds`` is how long
+        until the earliest queued job is due, as the claim found it (zero or less:
+        one is runnable now; None: none is queued). Decides when to look again."""
+        if jobs == limit:
+            self.claim_due = True  # there may be more
+            self.recheck_delay = 0.0
+            return
+        seconds = next_run_seconds
+        if seconds is not None and seconds <= 0:
+            # Runnable, yet not claimed: another transaction holds the row (another
+            # worker's claim, most likely, which commits in a moment), or the queue's
+            # concurrency limit is reached. Look again soon, backing off in case a long
+            # transaction holds it, or other workers hold the limit; a claim that
+            # brought jobs starts again from the shortest wait, so a worker sharing a
+            # limited queue takes up the room its own jobs leave.
+            self.recheck_delay = (
+                RECHECK_SECONDS
+                if jobs
+                else min(max(2 * self.recheck_delay, RECHECK_SECONDS), poll_interval)
+            )
+            seconds = self.recheck_delay
+        else:
+            self.recheck_delay = 0.0
+        if seconds is not None:
+            self.next_run_at = now + seconds
+
+    def wake_times(self, retry_at: float, poll_interval: float) -> list[float]:
+        """When the claim loop must wake for this kind's next claim, if it has room:
+        its next poll and the next due job, neither before ``retry_at`` (an outage's
+        backoff)."""
+        times = [max(retry_at, self.last_claim_at + poll_interval)]
+        if self.next_run_at is not None:
+            times.append(max(retry_at, self.next_run_at))
+        return times
