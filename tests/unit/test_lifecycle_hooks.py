@@ -291,7 +291,9 @@ def test_a_plain_pluggy_call_ignores_the_mark(pm) -> None:
 
 
 @pytest.mark.parametrize(("level", "logged"), [(logging.INFO, True), (logging.WARNING, False)])
-def test_the_lifecycle_log_logs_starts_and_successes_only_at_info(caplog, level, logged) -> None:
+def test_below_info_the_job_log_is_not_even_called_for_starts_and_successes(
+    caplog, level, logged
+) -> None:
     now = datetime(2030, 1, 1, tzinfo=UTC)
     job = Job(
         id=7, queue="default", task="noop", payload={}, priority=0, state=JobState.RUNNING,
@@ -299,11 +301,20 @@ def test_the_lifecycle_log_logs_starts_and_successes_only_at_info(caplog, level,
         lease_expires_at=None, worker_id="w", enqueued_at=now, started_at=now,
         finished_at=now, last_error=None, errors=[], result=None, idempotency_key=None,
     )  # fmt: skip
-    hooks = LifecycleHooks(get_plugin_manager(load_entrypoints=False))
+    pm = get_plugin_manager(load_entrypoints=False)
+    # Pluggy's monitoring sees every call made through it: below INFO there is none.
+    called: list[str] = []
+    pm.add_hookcall_monitoring(lambda name, impls, kwargs: called.append(name), lambda *args: None)
+    hooks = LifecycleHooks(pm)
     with caplog.at_level(level, logger="pgqueue.jobs"):
         hooks.call("on_start", job=job)
         hooks.call_each("on_success", [{"job": job, "result": None}])
     started = [r for r in caplog.records if "started" in r.getMessage()]
     succeeded = [r for r in caplog.records if "succeeded" in r.getMessage()]
-    assert (len(started), len(succeeded)) == ((1, 1) if logged else (0, 0))
+    if logged:
+        assert called == ["on_start", "on_success"]
+        assert (len(started), len(succeeded)) == (1, 1)
+    else:
+        assert called == []
+        assert (started, succeeded) == ([], [])
     assert not hooks.errors
