@@ -41,7 +41,12 @@ def local_postmaster_pid(url: str) -> int | None:
         backend = int(one_row(conn.execute(statement("backend_pid")))[0])
         # While the connection is open: its backend exits once it closes.
         try:
-            parent = psutil.Process(backend).parent()
+            process = psutil.Process(backend)
+            # A server on another machine has backends whose pids may still name some
+            # process here: only a postgres process is its backend.
+            if process.name() not in ("postgres", "postmaster"):
+                return None
+            parent = process.parent()
         except psutil.Error:
             return None  # another machine's (or a container's) process
     return None if parent is None else parent.pid
