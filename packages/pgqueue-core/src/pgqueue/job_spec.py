@@ -76,27 +76,33 @@ class JobSpec:
         if loaded_payload is None:
             # As the table gives it back: the stored JSON text, loaded.
             loaded_payload = jsonb.load_json(self.payload_text.encode())
-        return Job(
-            id=job_id,
-            queue=self.queue,
-            task=self.task,
-            payload=loaded_payload,
-            priority=self.priority,
-            state=JobState.QUEUED,
-            run_at=run_at,
-            attempts=0,
-            max_attempts=self.max_attempts,
-            timeout_seconds=self.timeout_seconds,
-            lease_token=None,
-            lease_expires_at=None,
-            worker_id=None,
-            enqueued_at=enqueued_at,
-            started_at=None,
-            finished_at=None,
-            last_error=None,
-            errors=[],
-            result=None,
-            idempotency_key=self.idempotency_key,
+        # Every field, each of its type: built without the frozen dataclass's __init__,
+        # which would cost more than the rest of a large enqueue's Python per job.
+        return Job.from_fields(
+            {
+                "id": job_id,
+                "queue": self.queue,
+                "task": self.task,
+                "payload": loaded_payload,
+                "priority": self.priority,
+                "state": JobState.QUEUED,
+                "run_at": run_at,
+                "attempts": 0,
+                "max_attempts": self.max_attempts,
+                "timeout_seconds": self.timeout_seconds,
+                "lease_token": None,
+                "lease_expires_at": None,
+                "worker_id": None,
+                "enqueued_at": enqueued_at,
+                "started_at": None,
+                "finished_at": None,
+                "last_error": None,
+                "errors": [],
+                "result": None,
+                "idempotency_key": self.idempotency_key,
+                "trace_context": None,
+                "unique_key": self.unique_key,
+            }
         )
 
     def params(self) -> dict[str, Any]:
