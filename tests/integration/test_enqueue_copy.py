@@ -38,6 +38,24 @@ def test_a_copied_batch_returns_the_jobs_the_table_holds_in_input_order(queue: Q
     assert (results[2].job.run_at, results[2].job.max_attempts) == (moment, 9)
 
 
+def test_a_copied_batch_runnable_now_runs_at_its_transactions_clock(
+    queue: Queue, database_url: str
+) -> None:
+    # No job is delayed, so no row carries a run_at (job_copy_runnable_now): the column
+    # default must give each the clock of the caller's transaction, which began earlier,
+    # and the jobs returned must say so.
+    with psycopg.connect(database_url) as conn:
+        began = conn.execute("SELECT now()").fetchone()[0]
+        conn.execute("SELECT pg_sleep(0.05)")
+        results = queue.enqueue_many(
+            [JobSpec("echo", {"i": i}, priority=i % 3) for i in range(COPY_MIN_JOBS)], conn=conn
+        )
+        conn.commit()
+    assert {(result.job.run_at, result.job.enqueued_at) for result in results} == {(began, began)}
+    for result in results:
+        assert queue.get(result.job.id) == result.job
+
+
 @pytest.mark.parametrize("commit", [True, False])
 def test_a_copied_batch_follows_the_callers_transaction(
     queue: Queue, database_url: str, schema: str, db: psycopg.Connection, commit: bool

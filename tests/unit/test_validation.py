@@ -1,9 +1,10 @@
+import json
 from datetime import UTC, datetime
 
 import pytest
 
 from pgqueue import JobSpec, ValidationError
-from pgqueue.validation import jsonb_text
+from pgqueue.validation import MAX_DEPTH, jsonb_text
 
 
 def field_of(**kwargs) -> str:
@@ -67,3 +68,33 @@ def test_a_valid_job_spec_is_accepted():
 def test_results_with_nul_in_nested_keys_are_refused():
     with pytest.raises(ValidationError, match="NUL"):
         jsonb_text("result", {"outer": [{"in\x00ner": 1}]})
+
+
+def _nested(depth: int) -> dict:
+    value: dict = {}
+    for _ in range(depth - 1):
+        value = {"a": value}
+    return value
+
+
+def test_nesting_is_refused_past_max_depth_and_accepted_up_to_it():
+    assert jsonb_text("payload", _nested(MAX_DEPTH)).count("{") == MAX_DEPTH
+    with pytest.raises(ValidationError, match="nested too deeply"):
+        jsonb_text("payload", _nested(MAX_DEPTH + 1))
+    # Deeper than Python's own recursion limit: the same clear refusal.
+    with pytest.raises(ValidationError, match="nested too deeply"):
+        jsonb_text("payload", _nested(5000))
+
+
+def test_values_that_only_look_suspicious_in_their_text_are_accepted():
+    # Text that contains the escape of a NUL without holding one (a backslash, then
+    # u0000), and more brackets than MAX_DEPTH side by side, are checked on the value.
+    assert jsonb_text("payload", {"path": "C:\\u0000"}) == '{"path":"C:\\\\u0000"}'
+    wide = {"items": [{"n": n} for n in range(MAX_DEPTH * 2)]}
+    assert json.loads(jsonb_text("payload", wide)) == wide
+
+
+def test_a_nul_anywhere_is_refused_whatever_else_the_value_holds():
+    for value in ({"a": [1, {"b": "x\x00"}]}, {"a": "\x00", "b": float("nan")}, ["\x00"] * 300):
+        with pytest.raises(ValidationError, match="NUL"):
+            jsonb_text("payload", value)

@@ -9,7 +9,9 @@ So a large keyless batch takes three steps in one transaction:
    the transaction's ``now()``: the database clock, the same value the rows' defaults
    (``enqueued_at``) and an INSERT's ``now() + delay`` would use;
 2. ``job_copy`` streams the rows, with those ids and each run_at computed from that
-   clock, so that every column of every job is known without reading anything back;
+   clock, so that every column of every job is known without reading anything back
+   (``job_copy_runnable_now`` when no job is delayed: run_at then defaults to that
+   clock, and no row carries a timestamp);
 3. ``queues_wake`` notifies the queues that have a waiting worker, as the INSERT
    statements' wake-up does.
 
@@ -55,22 +57,16 @@ def copy_jobs(
     ).fetchone()
     assert reserved is not None
     now, ids = reserved
-    run_ats = [_run_at(spec, now) for spec in specs]
-    with cur.copy(queries.bind("job_copy", schema)) as copy:
+    # A batch with no delayed job leaves run_at to its default, now(): the clock read
+    # above, and no row then carries a timestamp, the dearest column to send.
+    timed = any(spec.run_at is not None or spec.delay_seconds for spec in specs)
+    run_ats = [_run_at(spec, now) for spec in specs] if timed else [now] * len(specs)
+    copy_in = queries.bind("job_copy" if timed else "job_copy_runnable_now", schema)
+    with cur.copy(copy_in) as copy:
         for job_id, spec, run_at in zip(ids, specs, run_ats, strict=True):
-            copy.write_row(
-                (
-                    job_id,
-                    spec.queue,
-                    spec.task,
-                    spec.payload_text,
-                    spec.priority,
-                    run_at,
-                    spec.max_attempts,
-                    spec.timeout_seconds,
-                    trace_context,
-                )
-            )
+            first = (job_id, spec.queue, spec.task, spec.payload_text, spec.priority)
+            rest = (spec.max_attempts, spec.timeout_seconds, trace_context)
+            copy.write_row((*first, run_at, *rest) if timed else first + rest)
     queues = sorted({spec.queue for spec in specs})
     cur.execute(queries.bind("queues_wake", schema), {"queues": queues})
     # As the table gives them back: the stored JSON texts, loaded in one parse.

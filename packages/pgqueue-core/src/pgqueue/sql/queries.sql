@@ -78,6 +78,14 @@ COPY {schema}.active_jobs
      trace_context)
 FROM STDIN;
 
+-- name: job_copy_runnable_now
+-- job_copy for a batch of which no job has a delay or a run_at: run_at is left to its
+-- default, now(), the transaction's clock that job_ids_reserve read. A timestamp is the
+-- dearest column of a row to format and to parse.
+COPY {schema}.active_jobs
+    (id, queue, task, payload, priority, max_attempts, timeout_seconds, trace_context)
+FROM STDIN;
+
 -- name: queues_wake
 -- After a COPY: wakes the workers waiting on these queues, as the INSERT statements'
 -- woken CTE does, when the transaction commits.
