@@ -82,7 +82,9 @@ _NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 @cache
 def queries() -> dict[str, str]:
-    """The named statements of ``queries.sql`` beside this file."""
+    """The named statements of ``queries.sql`` beside this file. Parsed here as
+    ``pgqueue.queries.named_statements`` parses them: this module also runs in the peers'
+    virtualenvs, which do not have pgqueue."""
     text = (Path(__file__).parent / "queries.sql").read_text()
     parts = _NAME_LINE.split(text)
     bodies = {}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -11,19 +10,14 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from pgqueue.queries import named_statements
+
 SQL_FILE = Path(__file__).with_name("faults.sql")
-_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 @cache
 def _statements() -> dict[str, str]:
-    parts = _NAME_LINE.split(SQL_FILE.read_text())
-    # parts = [header, name1, body1, name2, body2, ...]
-    bodies = {}
-    for name, body in zip(parts[1::2], parts[2::2], strict=True):
-        lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
-        bodies[name] = "\n".join(lines).strip().rstrip(";")
-    return bodies
+    return named_statements(SQL_FILE.read_text())
 
 
 def statement(name: str, /, **parts: str | sql.Composable) -> sql.Composed:

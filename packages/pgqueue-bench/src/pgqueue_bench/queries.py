@@ -8,30 +8,18 @@ fault injection.
 
 from __future__ import annotations
 
-import re
 from functools import cache
 from importlib import resources
 
 from psycopg import sql
 
+from pgqueue.queries import named_statements
 from pgqueue.queries import one_row as one_row  # re-exported: the drivers read it here
-
-_NAME_LINE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
 
 
 @cache
 def _statements(filename: str = "bench.sql") -> dict[str, str]:
-    text = resources.files("pgqueue_bench.sql").joinpath(filename).read_text()
-    parts = _NAME_LINE.split(text)
-    # parts = [header, name1, body1, name2, body2, ...]
-    return {
-        name: _without_comments(body) for name, body in zip(parts[1::2], parts[2::2], strict=True)
-    }
-
-
-def _without_comments(body: str) -> str:
-    lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
-    return "\n".join(lines).strip().rstrip(";")
+    return named_statements(resources.files("pgqueue_bench.sql").joinpath(filename).read_text())
 
 
 def statement(name: str, /, **parts: sql.Composable) -> sql.Composed:

@@ -25,17 +25,24 @@ CLAIM_LOCKS = {
 
 @cache
 def _raw_queries() -> dict[str, str]:
-    text = resources.files("pgqueue.sql").joinpath("queries.sql").read_text()
+    return named_statements(resources.files("pgqueue.sql").joinpath("queries.sql").read_text())
+
+
+def named_statements(text: str) -> dict[str, str]:
+    """The statements of a file of named SQL, by name: each begins at a ``-- name: NAME``
+    line and runs to the next, its comment lines and final semicolon dropped.
+
+    pgqueue's own statements and those of the benchmark drivers and fault scenarios are
+    kept this way. Comments are for readers of the .sql file; dropping them keeps a
+    %(name)s mentioned in prose from being taken for a parameter."""
     parts = _NAME_LINE.split(text)
     # parts = [header, name1, body1, name2, body2, ...]
     return {
-        name: _strip_comments(body) for name, body in zip(parts[1::2], parts[2::2], strict=False)
+        name: _strip_comments(body) for name, body in zip(parts[1::2], parts[2::2], strict=True)
     }
 
 
 def _strip_comments(body: str) -> str:
-    # Comments are for readers of the .sql file; dropping them keeps a %(name)s
-    # mentioned in prose from being taken for a parameter.
     lines = [line for line in body.splitlines() if not line.lstrip().startswith("--")]
     return "\n".join(lines).strip().rstrip(";")
 
