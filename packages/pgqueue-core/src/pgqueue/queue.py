@@ -50,6 +50,7 @@ from pgqueue.queue_control import QueueControlMethods
 from pgqueue.queue_metrics import MetricsMethods, MetricsSnapshot, QueueMetrics, QueueStats
 from pgqueue.registry import RegistryMethods, UnservedTask, WorkerRegistration
 from pgqueue.schedule_store import ScheduleMethods
+from pgqueue.schedule_sync import ScheduleSyncMethods
 from pgqueue.settings import DEFAULT_SCHEMA, check_schema
 
 DEFAULT_POOL_TIMEOUT = 5.0
@@ -98,6 +99,7 @@ class Queue(
     RegistryMethods,
     QueueControlMethods,
     ScheduleMethods,
+    ScheduleSyncMethods,
 ):
     """A job queue in one PostgreSQL schema.
 
