@@ -1,5 +1,5 @@
-"""Background threads: duties that run every few seconds, and helpers that work on
-what the claim loop hands them."""
+"""Background threads: a duty on a thread of its own (the listener), duties that run
+every few seconds, and helpers that work on what the claim loop hands them."""
 
 from __future__ import annotations
 
@@ -13,32 +13,13 @@ from pgqueue_worker.outage import Backoff, DatabaseHealth
 log = logging.getLogger("pgqueue.worker")
 
 
-class PeriodicService:
-    """Calls :meth:`tick` every ``interval`` seconds until stopped.
+class StoppableThread:
+    """A duty on a thread of its own: :meth:`_run` runs there until it sees ``_stopped``
+    set, which :meth:`stop` does."""
 
-    When the database is unavailable the tick is retried sooner, with backoff, but
-    never later than the regular interval. Any other exception is logged with its
-    traceback and the service carries on: a background duty must not die quietly.
-    """
-
-    name = "service"
-
-    def __init__(self, interval: float, health: DatabaseHealth, *, jitter: bool = False) -> None:
-        self.interval = interval
-        self.health = health
-        self._jitter = jitter
+    def __init__(self, thread_name: str) -> None:
         self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"pgqueue-{self.name}", daemon=True)
-
-    def tick(self) -> bool:
-        """One round of the duty; True if it wrote to the database (which proves the
-        database takes writes again after an outage)."""
-        raise NotImplementedError
-
-    def next_delay(self) -> float:
-        """Seconds from the end of a round to the next: ``interval``, unless a service
-        knows better (the scheduler sleeps until the next tick is due)."""
-        return self.interval
+        self._thread = threading.Thread(target=self._run, name=thread_name, daemon=True)
 
     def start(self) -> None:
         """Start the thread."""
@@ -49,6 +30,36 @@ class PeriodicService:
         self._stopped.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
+
+    def _run(self) -> None:
+        raise NotImplementedError
+
+
+class PeriodicService(StoppableThread):
+    """Calls :meth:`tick` every ``interval`` seconds until stopped.
+
+    When the database is unavailable the tick is retried sooner, with backoff, but
+    never later than the regular interval. Any other exception is logged with its
+    traceback and the service carries on: a background duty must not die quietly.
+    """
+
+    name = "service"
+
+    def __init__(self, interval: float, health: DatabaseHealth, *, jitter: bool = False) -> None:
+        super().__init__(f"pgqueue-{self.name}")
+        self.interval = interval
+        self.health = health
+        self._jitter = jitter
+
+    def tick(self) -> bool:
+        """One round of the duty; True if it wrote to the database (which proves the
+        database takes writes again after an outage)."""
+        raise NotImplementedError
+
+    def next_delay(self) -> float:
+        """Seconds from the end of a round to the next: ``interval``, unless a service
+        knows better (the scheduler sleeps until the next tick is due)."""
+        return self.interval
 
     def _run(self) -> None:
         backoff = Backoff(maximum=self.interval)

@@ -16,7 +16,6 @@ import contextlib
 import logging
 import os
 import select
-import threading
 import weakref
 from collections.abc import Callable, Collection
 
@@ -26,6 +25,7 @@ from pgqueue import DatabaseUnavailable, Queue
 from pgqueue.errors import first_line
 from pgqueue.settings import notify_channel
 from pgqueue_worker.outage import Backoff
+from pgqueue_worker.service import StoppableThread
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -80,9 +80,10 @@ def _close_fds(*fds: int) -> None:
             os.close(fd)
 
 
-class Listener:
+class Listener(StoppableThread):
     """LISTENs on ``queue``'s channel and calls ``wake()`` for notifications naming one of
-    ``queues``. ``connect()`` opens a new autocommit connection."""
+    ``queues``, on a thread of its own. ``connect()`` opens a new autocommit connection;
+    :meth:`stop` also closes it."""
 
     def __init__(
         self,
@@ -93,24 +94,13 @@ class Listener:
         wake: Callable[[], None],
         poll_interval: float,
     ) -> None:
+        super().__init__("pgqueue-listen")
         self.queue = queue
         self.queues = frozenset(queues)
         self.channel = notify_channel(queue.schema)
         self._connect = connect
         self._wake = wake
         self._poll_interval = poll_interval
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="pgqueue-listen", daemon=True)
-
-    def start(self) -> None:
-        """Start listening on a thread of its own."""
-        self._thread.start()
-
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop listening and close the connection."""
-        self._stopped.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout)
 
     def _run(self) -> None:
         backoff = Backoff(initial=0.1)
