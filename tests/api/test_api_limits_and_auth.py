@@ -154,3 +154,11 @@ def test_settings_from_env_merge_token_list_and_file(tmp_path):
     assert settings.public_metrics and settings.max_body_bytes == 2048
     with pytest.raises(SettingsError, match="must be an integer"):
         ApiSettings.from_env({"DATABASE_URL": "x", "PGQUEUE_API_POOL_SIZE": "many"})
+
+
+@pytest.mark.parametrize(("size", "enqueue", "rest"), [(2, 1, 1), (3, 1, 2), (10, 5, 5)])
+def test_the_pool_size_is_shared_by_single_enqueues_and_everything_else(size, enqueue, rest):
+    settings = ApiSettings(database_url="x", pool_size=size)
+    assert (settings.enqueue_pool_size, settings.queue_pool_size) == (enqueue, rest)
+    with pytest.raises(SettingsError, match="at least 2"):
+        ApiSettings(database_url="x", pool_size=1)

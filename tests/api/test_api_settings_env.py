@@ -84,12 +84,15 @@ def check_body_limit_from_the_flag(api: Api) -> None:
     assert _post(api, _body_of(1200)) == 413
 
 
-def check_pool_of_two(api: Api) -> None:
-    # Many requests at once make the pool grow, to its limit and no further.
+def check_pool_of_four(api: Api) -> None:
+    # Many requests at once make both pools grow, to their limits and no further: two
+    # connections for single-job enqueues, two for every other request.
     def load() -> None:
         with httpx.Client() as client:
-            for _ in range(25):
+            for n in range(25):
                 assert client.get(f"{api.base}/jobs?limit=1").status_code == 200
+                answer = client.post(f"{api.base}/jobs", json={"task": "echo", "payload": {"n": n}})
+                assert answer.status_code == 201
 
     most = 0
 
@@ -102,10 +105,10 @@ def check_pool_of_two(api: Api) -> None:
             most = max(most, api.connections())
         for thread in threads:
             thread.join()
-        return most >= 2
+        return most >= 4
 
-    wait_for(grown, timeout=60, what="the pool to grow", interval=0)
-    assert most == 2
+    wait_for(grown, timeout=60, what="the pools to grow", interval=0)
+    assert most == 4
 
 
 def check_public_metrics(api: Api) -> None:
@@ -166,7 +169,7 @@ CASES = {
         check_body_limit_from_the_flag,
         args=["--max-body-bytes", "1000"],
     ),
-    "PGQUEUE_API_POOL_SIZE": Case({"PGQUEUE_API_POOL_SIZE": "2"}, check_pool_of_two),
+    "PGQUEUE_API_POOL_SIZE": Case({"PGQUEUE_API_POOL_SIZE": "4"}, check_pool_of_four),
     "PGQUEUE_API_PUBLIC_METRICS": Case(
         {"PGQUEUE_API_PUBLIC_METRICS": "1", "PGQUEUE_API_TOKENS": TOKEN}, check_public_metrics
     ),

@@ -11,7 +11,7 @@ from typing import Any, TypedDict
 import anyio.to_thread
 from fastapi import Depends, FastAPI, params
 
-from pgqueue import Queue
+from pgqueue import AsyncProducer, Queue
 from pgqueue_api.auth import BEARER_SCHEME, BearerAuthMiddleware
 from pgqueue_api.body_limit import BodyLimitMiddleware
 from pgqueue_api.docs import ASSETS_PATH, install_docs
@@ -51,7 +51,9 @@ def create_app(settings: ApiSettings, *, queue: Queue | None = None) -> FastAPI:
 
     By default the app opens its own :class:`~pgqueue.Queue` (a connection pool) when it
     starts and closes it when it stops. Pass ``queue`` to serve one you manage instead,
-    for example to embed the API in a process that already has one.
+    for example to embed the API in a process that already has one. Either way it opens
+    an :class:`~pgqueue.AsyncProducer` beside the Queue, with up to
+    ``settings.enqueue_pool_size`` connections, for ``POST /jobs``.
     """
 
     @asynccontextmanager
@@ -64,11 +66,20 @@ def create_app(settings: ApiSettings, *, queue: Queue | None = None) -> FastAPI:
                 settings.database_url,
                 schema=settings.schema,
                 min_size=1,
-                max_size=settings.pool_size,
+                max_size=settings.queue_pool_size,
                 pool_timeout=settings.pool_timeout,
                 prepare=settings.prepare,
             )
             _attach(app, owned)
+        # Single jobs, what most requests carry, are enqueued on the event loop, on their
+        # share of the connections (see pgqueue.AsyncProducer); the Queue's pool serves
+        # the rest.
+        producer = await AsyncProducer.open(
+            app.state.queue,
+            max_size=settings.enqueue_pool_size,
+            pool_timeout=settings.pool_timeout,
+        )
+        app.state.producer = producer
         if not settings.auth_required:
             log.warning(
                 "no API tokens are configured: anyone who can reach this API can enqueue, "
@@ -77,6 +88,8 @@ def create_app(settings: ApiSettings, *, queue: Queue | None = None) -> FastAPI:
         try:
             yield
         finally:
+            del app.state.producer
+            await producer.close()
             if owned is not None:
                 await anyio.to_thread.run_sync(owned.close)
 

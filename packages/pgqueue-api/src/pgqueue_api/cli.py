@@ -116,10 +116,11 @@ def _option(*names: str, envvar: str | list[str], **kwargs: Any) -> Callable[[_C
 @_option(
     "--pool-size",
     envvar=api_settings.ENV_POOL_SIZE,
-    type=click.IntRange(1, 1000),
+    type=click.IntRange(2, 1000),
     default=api_settings.DEFAULT_POOL_SIZE,
     show_default=True,
-    help="Database connections per worker process, at most.",
+    help="Database connections per worker process, at most: half for single-job "
+    "enqueues, half for every other request.",
 )
 @_option(
     "--no-prepare",

@@ -55,6 +55,7 @@ class ApiSettings:
     """Serve ``/metrics`` without a token even when tokens are configured."""
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     pool_size: int = DEFAULT_POOL_SIZE
+    """Database connections per API process, at most (see :attr:`enqueue_pool_size`)."""
     pool_timeout: float = DEFAULT_POOL_TIMEOUT
     """How long a request waits for a free database connection before it gets 503."""
     prepare: bool = True
@@ -71,10 +72,24 @@ class ApiSettings:
         check_schema(self.schema)
         if self.max_body_bytes < 1:
             raise SettingsError("max_body_bytes must be at least 1")
-        if self.pool_size < 1:
-            raise SettingsError("pool_size must be at least 1")
+        if self.pool_size < 2:
+            raise SettingsError(
+                "pool_size must be at least 2: one connection for single-job enqueues, "
+                "one for every other request"
+            )
         if any(not token or any(c.isspace() for c in token) for token in self.tokens):
             raise SettingsError("API tokens must be non-empty and contain no whitespace")
+
+    @property
+    def enqueue_pool_size(self) -> int:
+        """The share of :attr:`pool_size` for single-job enqueues, on the event loop (see
+        :class:`pgqueue.AsyncProducer`): half of it, rounded down."""
+        return self.pool_size // 2
+
+    @property
+    def queue_pool_size(self) -> int:
+        """The share of :attr:`pool_size` for every other request, in threads: the rest."""
+        return self.pool_size - self.enqueue_pool_size
 
     @property
     def auth_required(self) -> bool:

@@ -1,5 +1,6 @@
 """pgqueue: a durable, at-least-once job queue whose only moving part is PostgreSQL."""
 
+from pgqueue.async_producer import AsyncProducer
 from pgqueue.backoff import backoff_seconds
 from pgqueue.claiming import Waiter
 from pgqueue.dependencies import BatchItem, JobDependencies
@@ -31,6 +32,7 @@ from pgqueue.registry import UnservedTask, WorkerInfo, WorkerRegistration
 __all__ = [
     "UNSET",
     "AckBatch",
+    "AsyncProducer",
     "BatchItem",
     "DatabaseUnavailable",
     "EnqueueResult",

@@ -57,6 +57,12 @@ class JobSpec:
         object.__setattr__(self, "_payload_text", validation.payload(self.payload))
 
     @property
+    def single_statement(self) -> bool:
+        """Whether enqueueing this job alone is one INSERT: no idempotency key, no unique
+        key and no dependencies, each of which takes statements of its own."""
+        return self.idempotency_key is None and self.unique_key is None and not self.depends_on
+
+    @property
     def payload_text(self) -> str:
         """The payload as the JSON text that is stored (validated and measured once)."""
         text: str = self.__dict__["_payload_text"]  # set by __post_init__

@@ -77,7 +77,7 @@ class ProducerMethods(QueueBase):
     ) -> EnqueueResult:
         """:meth:`enqueue` of the job ``spec`` describes (for a caller that has already
         built one, such as the HTTP API)."""
-        if spec.idempotency_key is not None or spec.unique_key is not None or spec.depends_on:
+        if not spec.single_statement:
             return self.enqueue_many([spec], conn=conn)[0]
         params = spec.params()
         validation.within_limit("payload", params["payload"], self.max_payload_bytes)

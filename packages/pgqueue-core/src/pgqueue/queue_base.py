@@ -16,7 +16,7 @@ from pgqueue.errors import DatabaseUnavailable, error_line
 
 # SQLSTATE classes that mean "the database cannot take this now", not "your call is
 # wrong": connection loss, admin shutdown, read-only server, disk full, timeouts.
-_UNAVAILABLE = (
+UNAVAILABLE = (
     psycopg.OperationalError,
     psycopg_pool.PoolTimeout,
     psycopg.errors.ReadOnlySqlTransaction,
@@ -62,7 +62,7 @@ class QueueBase:
                     WATCHDOG.watch(pooled, self.statement_timeout, "a statement"),
                 ):
                     yield pooled
-        except _UNAVAILABLE as exc:
+        except UNAVAILABLE as exc:
             raise DatabaseUnavailable(describe_unavailable(exc)) from exc
         except DeadlineExceeded as exc:
             raise DatabaseUnavailable(f"database unavailable: {exc}") from exc
