@@ -1,9 +1,10 @@
 """Adding many keyless jobs with COPY, the fastest way PostgreSQL takes rows in.
 
-``enqueue_many`` sends small batches as one INSERT over arrays. For large ones the
-server's work dominates: unnesting one array per column and computing each row's run_at
-cost it about three times what the same rows cost through COPY (results/enqueue.json).
-So a large keyless batch takes three steps in one transaction:
+``enqueue_many`` sends small batches as one INSERT over arrays. For larger ones (see
+COPY_MIN_JOBS) the arrays cost more than the rows: the client escapes every element in
+Python, and the server unnests one array per column and computes each row's run_at,
+where COPY takes the rows as they are. So a keyless batch of COPY_MIN_JOBS or more
+takes three steps in one transaction:
 
 1. ``job_ids_reserve`` takes the batch's ids from the job sequence, in order, and reads
    the transaction's ``now()``: the database clock, the same value the rows' defaults
@@ -33,9 +34,11 @@ from pgqueue.job import Job
 if TYPE_CHECKING:
     from pgqueue.job_spec import JobSpec
 
-COPY_MIN_JOBS = 200
+COPY_MIN_JOBS = 40
 """Batches of at least this many keyless jobs go through COPY. Below it, the two extra
-round trips cost more than COPY saves (measured in results/enqueue.json)."""
+round trips cost more than COPY saves; above it, an INSERT's arrays cost the client
+more than COPY's rows, since psycopg escapes every element of a text array in Python.
+A ``POST /jobs/batch`` of 100 jobs takes COPY."""
 
 
 def copy_jobs(
