@@ -18,6 +18,8 @@ from api_support import TOKEN, free_port, wait_until_healthy
 from processes import stop
 from psycopg import sql
 
+from pgqueue.gc_tuning import GC_YOUNG_THRESHOLD
+
 BIN = Path(sys.executable).parent
 PGQUEUE_API = str(BIN / "pgqueue-api")
 PGQUEUE = str(BIN / "pgqueue")
@@ -121,3 +123,29 @@ def test_unmigrated_schema_is_one_clear_line_pointing_at_migrate(database_url):
 def test_bad_options_are_one_clear_line(database_url, schema, args):
     line = _refused("--database-url", database_url, "--schema", schema, *args)
     assert line.startswith("Error:")
+
+
+GC_PROBE = """
+import gc
+from pgqueue_api import create_app, create_app_from_env
+from pgqueue_api.settings import ApiSettings
+
+before = (gc.get_threshold()[0], gc.get_freeze_count())
+create_app(ApiSettings(database_url="postgresql://nowhere/x"))
+embedded = (gc.get_threshold()[0], gc.get_freeze_count())
+create_app_from_env()
+print(before[0], embedded[0], embedded[1] == before[1], gc.get_threshold()[0], gc.get_freeze_count() > 0)
+"""
+
+
+def test_the_servers_app_factory_tunes_the_garbage_collector_and_create_app_does_not():
+    # Neither connects: the pools open when the app starts serving.
+    done = subprocess.run(
+        [sys.executable, "-c", GC_PROBE],
+        env=_env(DATABASE_URL="postgresql://nowhere/x"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert done.stdout.split() == ["700", "700", "True", str(GC_YOUNG_THRESHOLD), "True"]

@@ -11,7 +11,8 @@ from processes import pgqueue_command
 from worker_support import FAST, TEST_PLUGIN, wait_until_state, worker_environment
 
 from pgqueue import JobState, Queue
-from pgqueue_worker.cli import GC_YOUNG_THRESHOLD, SHUTDOWN_TIMED_OUT_EXIT_CODE
+from pgqueue.gc_tuning import GC_YOUNG_THRESHOLD
+from pgqueue_worker.cli import SHUTDOWN_TIMED_OUT_EXIT_CODE
 
 pytestmark = pytest.mark.slow
 

@@ -12,6 +12,7 @@ import anyio.to_thread
 from fastapi import Depends, FastAPI, params
 
 from pgqueue import AsyncProducer, Queue
+from pgqueue.gc_tuning import tune_garbage_collector
 from pgqueue_api.auth import BEARER_SCHEME, BearerAuthMiddleware
 from pgqueue_api.body_limit import BodyLimitMiddleware
 from pgqueue_api.docs import ASSETS_PATH, install_docs
@@ -149,8 +150,12 @@ def create_app(settings: ApiSettings, *, queue: Queue | None = None) -> FastAPI:
 
 
 def create_app_from_env() -> FastAPI:
-    """The app for the settings in the environment: the factory uvicorn workers import."""
-    return create_app(ApiSettings.from_env())
+    """The app for the settings in the environment: the factory the ``pgqueue-api``
+    server's uvicorn workers import. A process of the server's own, so its garbage
+    collector is tuned as a worker's is (see :mod:`pgqueue.gc_tuning`)."""
+    app = create_app(ApiSettings.from_env())
+    tune_garbage_collector()
+    return app
 
 
 def _attach(app: FastAPI, queue: Queue) -> None:

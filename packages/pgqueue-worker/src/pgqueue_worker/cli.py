@@ -7,7 +7,6 @@ there (``PGQUEUE_QUEUE=emails,reports``).
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ from pgqueue import DatabaseUnavailable, LifecycleHooks, Queue, ValidationError,
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS
 from pgqueue.claiming import CLAIM_MODES, default_worker_id
 from pgqueue.cli import database_options, not_migrated, parse_duration, resolve_url
+from pgqueue.gc_tuning import tune_garbage_collector
 from pgqueue.migrations import UnknownSchemaVersion
 from pgqueue.plugins import (
     PluginLoadError,
@@ -60,8 +60,6 @@ SHUTDOWN_TIMED_OUT_EXIT_CODE = 3
 DATABASE_GAVE_UP_EXIT_CODE = 4
 # How long a --burst worker waits for an unreachable database before it gives up.
 DEFAULT_BURST_GIVE_UP_AFTER = 60.0
-# Allocations between two young-generation collections (Python's default is 700).
-GC_YOUNG_THRESHOLD = 10_000
 
 NO_HANDLERS_HELP = """\
 error: no task handlers, so this worker would have nothing to run. Add some:
@@ -355,7 +353,7 @@ class PreparedWorker:
     def serve(self) -> int:
         """Run until stopped by SIGTERM or SIGINT (or, with ``--burst``, out of jobs),
         close the pool, and return the command's exit status."""
-        _tune_garbage_collector()
+        tune_garbage_collector()
         gave_up: DatabaseUnavailable | None = None
         try:
             with stop_on_signals(self.runner):
@@ -373,21 +371,6 @@ class PreparedWorker:
             click.echo(f"Error: {gave_up}", err=True)
             return DATABASE_GAVE_UP_EXIT_CODE
         return EXIT_CLEAN if clean else SHUTDOWN_TIMED_OUT_EXIT_CODE
-
-
-def _tune_garbage_collector() -> None:
-    """Set up the cyclic garbage collector for a worker process, which allocates a
-    handful of short-lived objects per job, thousands of jobs a second.
-
-    Everything loaded so far (modules, plugins, the pool) lives as long as the process:
-    frozen, it is left out of the collector's full passes, which would otherwise walk
-    all of it again every few seconds and pause every thread meanwhile. A larger
-    first generation makes young collections rarer (at the default, one every few
-    dozen jobs); objects that survive one are still collected as before.
-    """
-    gc.freeze()
-    _, older, oldest = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, older, oldest)
 
 
 def prepare_worker(
