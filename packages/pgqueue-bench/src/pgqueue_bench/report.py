@@ -271,7 +271,8 @@ def enqueue_section(document: dict[str, Any]) -> list[str]:
     checks += [
         [
             f"`{b['case']}` {b['figure'].replace('_', ' ')}",
-            _number(b["median"], 1 if b["figure"].endswith("_ms") else 0),
+            # One decimal: a median just under its bound must not read as equal to it.
+            _number(b["median"], 1),
             f"{'at least' if b['kind'] == 'min' else 'at most'} {b['bound']:,g}",
             _verdict(b["holds"]),
         ]
