@@ -224,7 +224,7 @@ async def enqueue_job(job: JobCreate, queue: QueueDep, request: Request) -> Resp
     },
 )
 async def enqueue_jobs(batch: JobBatchCreate, queue: QueueDep, request: Request) -> Response:
-    """Add up to 1,000 jobs in one statement: all of them or, on any error, none. Items
+    """Add up to 1,000 jobs in one transaction: all of them or, on any error, none. Items
     come back in request order, each saying whether it was created or its idempotency
     key already belonged to a job (or a queued or running job held its unique key). An
     item whose idempotency key belongs to a job with another task, queue or payload

@@ -226,7 +226,7 @@ class JobBatchCreate(_Request):
     jobs: list[BatchJobCreate] = Field(
         min_length=1,
         max_length=MAX_BATCH_JOBS,
-        description=f"1 to {MAX_BATCH_JOBS} jobs, inserted in this order in one statement.",
+        description=f"1 to {MAX_BATCH_JOBS} jobs, inserted in this order in one transaction.",
     )
 
 
