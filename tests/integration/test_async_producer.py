@@ -51,13 +51,31 @@ def test_a_job_alone_is_stored_and_returned_as_queue_enqueue_would(queue: Queue)
     assert queue.get(job.id) == job
 
 
-def test_delays_and_limits_are_the_queues(queue: Queue) -> None:
+def test_a_job_alone_never_needs_the_queues_own_pool(
+    queue: Queue, database_url: str, schema: str
+) -> None:
+    # With the Queue's pool closed, only the producer's own connections can add the job:
+    # a fallback to Queue.enqueue_spec in a thread would fail.
+    own = Queue.connect(database_url, schema=schema)
+
     async def body(producer: AsyncProducer) -> Any:
-        delayed = await producer.enqueue("t", {}, delay_seconds=90, max_attempts=2)
+        own.close()
+        return await producer.enqueue("t", {"n": 1})
+
+    result = run_with_producer(own, body)
+    assert result.created and queue.get(result.job.id) == result.job
+
+
+def test_a_delay_and_the_options_of_a_job_alone_are_stored(queue: Queue) -> None:
+    async def body(producer: AsyncProducer) -> Any:
+        delayed = await producer.enqueue(
+            "t", {}, delay_seconds=90, max_attempts=2, timeout_seconds=7.5
+        )
         return delayed.job
 
     job = run_with_producer(queue, body)
     assert (job.run_at - job.enqueued_at).total_seconds() == 90
+    assert (job.max_attempts, job.timeout_seconds) == (2, 7.5)
     assert queue.get(job.id) == job
 
 
