@@ -17,7 +17,6 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from starlette.background import BackgroundTask
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
@@ -198,19 +197,23 @@ class _PoolRepair:
 
     After a server restart every pooled connection is dead, and the pool learns that of
     each one only when a request fails on it: without this, a pool of ten would answer
-    ten 503s after a restart that lasted a second. The check runs after the 503 is sent
-    (and before the next request on that client connection is read), so it delays no
-    answer; a hung server only keeps the one check busy.
+    ten 503s after a restart that lasted a second. The check runs beside the answer, so
+    it delays none; a hung server only keeps the one check busy.
     """
 
     def __init__(self) -> None:
         self._running = threading.Lock()
 
-    def task(self, queue: Queue) -> BackgroundTask | None:
-        """A task that checks ``queue``'s pool, or None while a check is running."""
+    def start(self, queue: Queue) -> None:
+        """Start checking ``queue``'s pool on a thread of its own, unless a check is
+        running. Started before the 503 is sent, not after it: the check takes the idle
+        connections out of the pool at once, so the client's next request, which may be
+        read before a task run after the answer has begun, gets a tested connection."""
         if not self._running.acquire(blocking=False):
-            return None
-        return BackgroundTask(self._check, queue)
+            return
+        threading.Thread(
+            target=self._check, args=(queue,), name="pgqueue-pool-repair", daemon=True
+        ).start()
 
     def _check(self, queue: Queue) -> None:
         try:
@@ -228,7 +231,7 @@ async def _database_unavailable(request: Request, exc: Exception) -> Response:
     queue: Queue | None = getattr(request.app.state, "queue", None)
     if queue is not None:
         repair: _PoolRepair = request.app.state.pool_repair
-        response.background = repair.task(queue)
+        repair.start(queue)
     return response
 
 
