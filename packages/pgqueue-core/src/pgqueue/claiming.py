@@ -168,6 +168,8 @@ class ClaimMethods(QueueBase):
         key = tuple(params["queues"])
         rows = jsonb.cursor(conn, tuples=True)
         times = conn.cursor()
+        # The claim's plan is the same for any parameters: see job_claim_plan.
+        conn.cursor().execute(self._sql("job_claim_plan"))
         if self._queues_with_settings.get(key, True):
             # Limited queues' claims take turns (see job_claim_lock): in a statement of
             # its own, so that the claim's snapshot, taken after the lock, sees the last
