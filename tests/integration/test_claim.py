@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from pgqueue import JobSpec, JobState
+from pgqueue import JobSpec, JobState, Queue
 
 
 def test_claim_takes_many_jobs_in_priority_then_run_at_order(queue):
@@ -96,3 +96,42 @@ def test_heartbeat_extends_held_leases_and_reports_lost_ones(queue):
     )
     assert lost == {cancelled.id}
     assert queue.get(kept.id).lease_expires_at > kept.lease_expires_at
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["plain", "limited"])
+def test_claims_reuse_one_generic_plan_and_leave_the_connections_settings_alone(
+    database_url, schema, limited
+):
+    # A custom plan would plan the claim anew at every call (a generic plan prices its
+    # LIMIT as a tenth of the table, so PostgreSQL would never pick it by itself).
+    with Queue.connect(database_url, schema=schema, max_size=1) as queue:
+        if limited:
+            queue.update_queue("default", concurrency_limit=1000, create=True)
+        queue.enqueue_many([JobSpec("t", {"n": n}) for n in range(40)])
+        with queue.pool.connection() as conn:
+            conn.execute("SET plan_cache_mode = force_custom_plan")
+            conn.execute("SET jit = on")
+            conn.commit()
+        claimed = []
+        for _ in range(20):
+            claimed += queue.claim(["default"], ["t"], limit=2, worker_id="w")
+        assert len(claimed) == 40
+        with queue.pool.connection() as conn:
+            statement = "job_claim_limited" if limited else "job_claim"
+            marker = "room AS MATERIALIZED" if limited else "WITH claimable AS"
+            plans = conn.execute(
+                "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
+                " WHERE statement LIKE %s",
+                [f"%{marker}%"],
+            ).fetchall()
+            assert plans, f"{statement} was not prepared"
+            ((generic, custom),) = plans
+            # psycopg prepares a statement after its fifth execution: every execution of
+            # the prepared statement ran its one generic plan, none a custom one.
+            assert custom == 0
+            assert generic >= 10
+            # Set for the claim's transaction only: the session keeps its own settings.
+            settings = conn.execute(
+                "SELECT current_setting('plan_cache_mode'), current_setting('jit')"
+            )
+            assert settings.fetchone() == ("force_custom_plan", "on")

@@ -295,17 +295,36 @@ def collect_tasks(pm: pluggy.PluginManager) -> dict[str, TaskHandler]:
     return tasks
 
 
-def _called_now(impl: HookImpl) -> bool:
-    """Whether ``impl`` is to be called now: unless :func:`pgqueue.call_when` marked it
-    with a predicate that says no. A predicate that raises counts as yes, so the
-    implementation runs and its own isolation deals with what is wrong."""
-    predicate = getattr(impl.function, hookspecs.CALL_WHEN_ATTRIBUTE, None)
-    if predicate is None:
-        return True
-    try:
-        return bool(predicate())
-    except Exception:
-        return True
+@dataclass(frozen=True)
+class _HookPlan:
+    """What calling one hook takes, worked out once per set of implementations: their
+    stand-ins (see :meth:`LifecycleHooks._isolated`), each with its
+    :func:`pgqueue.call_when` predicate (None: always called). A worker calls
+    ``on_start`` for every job, mostly with no implementation that wants it, so this is
+    kept to a plain loop."""
+
+    impls: list[HookImpl]
+    isolated: list[HookImpl]
+    conditions: tuple[tuple[HookImpl, Callable[[], object] | None], ...]
+    """Each stand-in with its predicate, in pluggy's order; empty when no implementation
+    has one, and every call takes them all."""
+
+    def called_now(self) -> list[HookImpl]:
+        """The stand-ins of the implementations to call now. A predicate that raises
+        counts as yes: the implementation runs, and its own isolation deals with what
+        is wrong."""
+        if not self.conditions:
+            return self.isolated
+        called = []
+        for stand_in, predicate in self.conditions:
+            if predicate is not None:
+                try:
+                    if not predicate():
+                        continue
+                except Exception:
+                    pass
+            called.append(stand_in)
+        return called
 
 
 class LifecycleHooks:
@@ -325,9 +344,9 @@ class LifecycleHooks:
         self.pm = pm
         self.errors: Counter[str] = Counter()
         self._errors_lock = threading.Lock()
-        # Per hook: the implementations last seen, and their stand-ins. Rebuilt when a
-        # plugin is registered or unregistered; a race only builds them twice.
-        self._isolated_impls: dict[str, tuple[list[HookImpl], list[HookImpl]]] = {}
+        # Per hook: the plan for the implementations last seen. Rebuilt when a plugin
+        # is registered or unregistered; a race only builds it twice.
+        self._plans: dict[str, _HookPlan] = {}
 
     def call(self, hook_name: str, **kwargs: Any) -> None:
         """Run every implementation of ``hook_name`` with the arguments it asks for."""
@@ -342,10 +361,12 @@ class LifecycleHooks:
         impls = caller.get_hookimpls()
         if not impls:
             return
-        impls = [impl for impl in impls if _called_now(impl)]
-        if not impls:
+        plan = self._plans.get(hook_name)
+        if plan is None or plan.impls != impls:  # HookImpls compare by identity
+            plan = self._plan(hook_name, impls)
+        isolated = plan.called_now()
+        if not isolated:
             return
-        isolated = self._isolated_for(hook_name, impls)
         # The function HookCaller.__call__ runs: pluggy's multicall behind any
         # monitoring installed with add_hookcall_monitoring.
         execute = caller._hookexec
@@ -357,13 +378,17 @@ class LifecycleHooks:
                 # does not yield.
                 self._failed(hook_name, None)
 
-    def _isolated_for(self, hook_name: str, impls: list[HookImpl]) -> list[HookImpl]:
-        cached = self._isolated_impls.get(hook_name)
-        if cached is not None and cached[0] == impls:  # HookImpls compare by identity
-            return cached[1]
+    def _plan(self, hook_name: str, impls: list[HookImpl]) -> _HookPlan:
         isolated = [self._isolated(hook_name, impl) for impl in impls]
-        self._isolated_impls[hook_name] = (impls, isolated)
-        return isolated
+        predicates = [getattr(impl.function, hookspecs.CALL_WHEN_ATTRIBUTE, None) for impl in impls]
+        conditional = any(predicate is not None for predicate in predicates)
+        plan = _HookPlan(
+            impls=impls,
+            isolated=isolated,
+            conditions=tuple(zip(isolated, predicates, strict=True)) if conditional else (),
+        )
+        self._plans[hook_name] = plan
+        return plan
 
     def _isolated(self, hook_name: str, impl: HookImpl) -> HookImpl:
         """A copy of ``impl`` (same plugin, options and argument names, so pluggy

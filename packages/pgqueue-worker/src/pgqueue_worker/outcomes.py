@@ -40,11 +40,12 @@ class Outcome:
     sent: bool = False
     """Handed to the writer: only its report settles the outcome now (owned by the
     claim loop, like the attempt)."""
+    lease: Lease = field(init=False)
+    """The lease the attempt was claimed under, which guards the write. A field, not a
+    property: the claim loop looks each outcome up by it several times."""
 
-    @property
-    def lease(self) -> Lease:
-        """The lease the attempt was claimed under, which guards the write."""
-        return self.attempt.lease
+    def __post_init__(self) -> None:
+        self.lease = self.attempt.lease
 
 
 @dataclass

@@ -673,12 +673,27 @@ class Worker:
                     outcome.attempt, "its lease was lost before its outcome was written"
                 )
         settled = []
+        pending, attempts = self._pending, self._attempts
         for outcome in chain(report.acked, report.failed, report.lost):
             lease = outcome.lease
-            if self._pending.get(lease) is outcome:
-                del self._pending[lease]
-                settled.append(lease)
-                self._forget_if_done(outcome.attempt)
+            # One lookup per dict in the common case (a busy worker settles thousands
+            # of outcomes a second): take the outcome out, and put back one that is
+            # not this report's to settle.
+            current = pending.pop(lease, None)
+            if current is not outcome:
+                if current is not None:
+                    pending[lease] = current
+                continue
+            settled.append(lease)
+            attempt = outcome.attempt
+            # _forget_if_done, knowing the outcome is no longer pending (the pop comes
+            # first: a returned attempt is forgotten whether or not it had a time limit).
+            if (
+                attempt.returned
+                and attempts.pop(lease, None) is not None
+                and attempt.timeout_seconds
+            ):
+                self._timed -= 1
         self._leases.release(settled)
 
     def _timed_attempts(self) -> list[tuple[Lease, Attempt]]:
