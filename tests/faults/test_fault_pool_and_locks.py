@@ -27,7 +27,7 @@ from fault_support import SCHEMA, FaultRun, prepare_schema, send_via_api, serve_
 from polling import wait_for
 
 from pgqueue import DatabaseUnavailable, JobState, Queue
-from pgqueue.queue import CONNECTION_DEFAULTS
+from pgqueue.connections import CONNECTION_DEFAULTS
 from pgqueue_api import ApiSettings
 from pgqueue_worker import Worker
 

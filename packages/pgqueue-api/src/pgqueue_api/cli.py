@@ -24,7 +24,7 @@ import psycopg
 import uvicorn
 import uvicorn.config
 
-from pgqueue import PgQueueError, migrations
+from pgqueue import PgQueueError, connections, migrations
 from pgqueue.cli import (
     EXIT_ERROR,
     EXIT_OK,
@@ -270,7 +270,7 @@ def describe_settings(settings: ApiSettings, workers: int) -> str:
 
 def check_migrated(url: str, schema: str) -> None:
     """Fail with one line unless every migration this version ships is applied."""
-    with psycopg.connect(url, connect_timeout=5) as conn:
+    with connections.connect(url) as conn:
         try:
             problem = migrations.unmigrated(conn, schema)
         except migrations.UnknownSchemaVersion as exc:

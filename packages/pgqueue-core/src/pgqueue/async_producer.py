@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg_pool
 
-from pgqueue import queries, tracing, validation
+from pgqueue import connections, queries, tracing, validation
 from pgqueue.errors import DatabaseUnavailable, ValidationError
 from pgqueue.job import EnqueueResult
 from pgqueue.job_spec import JobSpec
@@ -51,15 +51,11 @@ class AsyncProducer:
         enqueues raise :class:`~pgqueue.errors.DatabaseUnavailable`."""
         if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
             raise ValidationError("max_size", "must be an integer of at least 1")
-        conninfo, kwargs = queue.connection_settings()
-        pool = psycopg_pool.AsyncConnectionPool(
-            conninfo,
-            kwargs={**kwargs, "autocommit": True},
-            min_size=1,
+        pool = connections.async_sibling_pool(
+            queue.pool,
+            name="pgqueue-async",
             max_size=max_size,
             timeout=queue.pool.timeout if pool_timeout is None else pool_timeout,
-            open=False,
-            name="pgqueue-async",
         )
         await pool.open(wait=False)
         return cls(queue, pool)

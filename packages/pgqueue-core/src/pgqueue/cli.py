@@ -18,7 +18,7 @@ import click
 import pluggy
 import psycopg
 
-from pgqueue import embedded, migrations, roles
+from pgqueue import connections, embedded, migrations, roles
 from pgqueue.dev import dev
 from pgqueue.errors import NoDatabaseConfigured, PgQueueError, error_line, first_line
 from pgqueue.job import FINISHED_STATES, JobState
@@ -136,7 +136,7 @@ def connect_checked(url: str) -> psycopg.Connection:
     """A connection to ``url``, or a one-line error that keeps everything libpq said
     (host, port, cause and hint)."""
     try:
-        return psycopg.connect(url, connect_timeout=5)
+        return connections.connect(url)
     except psycopg.Error as exc:
         raise click.ClickException(f"cannot connect to the database: {error_line(exc)}") from None
 

@@ -22,7 +22,7 @@ from importlib import resources
 import psycopg
 from psycopg import sql
 
-from pgqueue import history, queries
+from pgqueue import connections, history, queries
 from pgqueue.errors import PgQueueError
 from pgqueue.locks import advisory_key
 from pgqueue.settings import DEFAULT_SCHEMA, check_schema
@@ -84,7 +84,7 @@ def migrate(
     shipped = available()
     done: list[int] = []
     # No server-side prepared statements: migrate must work through PgBouncer too.
-    with psycopg.connect(conninfo, autocommit=False, prepare_threshold=None) as conn:
+    with connections.connect(conninfo) as conn:
         for migration in shipped:
             with conn.transaction():
                 conn.execute(queries.bind("migration_lock", schema), {"key": lock_key})

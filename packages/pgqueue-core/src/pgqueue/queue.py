@@ -26,11 +26,11 @@ import psycopg
 import psycopg.errors
 import psycopg_pool
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict
 
-from pgqueue import dependencies, jsonb, migrations, queries, validation
+from pgqueue import connections, dependencies, jsonb, migrations, queries, validation
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS
 from pgqueue.claiming import CLAIM_MODES, ClaimMethods, Waiter, default_worker_id
+from pgqueue.connections import CONNECTION_DEFAULTS, DEFAULT_POOL_TIMEOUT, connection_defaults
 from pgqueue.dependencies import JobDependencies
 from pgqueue.errors import (
     DatabaseUnavailable,
@@ -53,23 +53,6 @@ from pgqueue.schedule_store import ScheduleMethods
 from pgqueue.schedule_sync import ScheduleSyncMethods
 from pgqueue.settings import DEFAULT_SCHEMA, check_schema
 
-DEFAULT_POOL_TIMEOUT = 5.0
-
-# Connection defaults: fail fast when the server is unreachable, and notice a dead
-# peer within about half a minute: TCP keepalives for an idle connection (instead of
-# the kernel's two hours), TCP_USER_TIMEOUT (milliseconds) for a statement in flight,
-# which keepalives do not cover (instead of about fifteen minutes of retransmissions).
-# Whatever the connection string sets itself wins (see connection_defaults).
-CONNECTION_DEFAULTS = {
-    "connect_timeout": 5,
-    "keepalives": 1,
-    "keepalives_idle": 10,
-    "keepalives_interval": 5,
-    "keepalives_count": 3,
-    "tcp_user_timeout": 30_000,
-    "application_name": "pgqueue",
-}
-
 
 @dataclass(frozen=True)
 class JobPage:
@@ -77,17 +60,6 @@ class JobPage:
 
     jobs: list[Job]
     next_after: int | None
-
-
-def connection_defaults(conninfo: str) -> dict[str, Any]:
-    """CONNECTION_DEFAULTS less what ``conninfo`` sets itself: libpq takes keyword
-    arguments over the connection string, so passing every default would silently undo
-    a ``?connect_timeout=30`` or ``keepalives_idle=60`` chosen for a given network."""
-    try:
-        given = conninfo_to_dict(conninfo)
-    except psycopg.ProgrammingError:
-        given = {}  # malformed: connecting will say so
-    return {name: value for name, value in CONNECTION_DEFAULTS.items() if name not in given}
 
 
 class Queue(
@@ -163,17 +135,12 @@ class Queue(
         ``prepare=False`` turns off server-side prepared statements, for PgBouncer in
         transaction mode. Other keyword arguments go to :class:`Queue`.
         """
-        kwargs: dict[str, Any] = connection_defaults(conninfo)
-        if not prepare:
-            kwargs["prepare_threshold"] = None
-        pool = psycopg_pool.ConnectionPool(
+        pool = connections.open_pool(
             conninfo,
-            kwargs=kwargs,
             min_size=min_size,
             max_size=max_size,
             timeout=pool_timeout,
-            open=True,
-            name="pgqueue",
+            prepare=prepare,
         )
         return cls(pool, schema=schema, **options)
 
@@ -335,10 +302,7 @@ class Queue(
         connection of its own (a listener's, a health check's). A pool may take its
         conninfo from a function (psycopg_pool's dynamic conninfo): it is asked now, as
         the pool asks it for each connection."""
-        pool = self.pool
-        kwargs = pool.kwargs() if callable(pool.kwargs) else dict(pool.kwargs or {})
-        conninfo = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
-        return conninfo, kwargs
+        return connections.settings_of(self.pool)
 
     def ping(self, timeout: float = 2.0) -> None:
         """Check that the database answers a query, on a connection of its own, so neither
@@ -346,10 +310,10 @@ class Queue(
 
         Connecting gives up after ``timeout`` seconds (libpq's minimum is 2) per address
         the host resolves to. Raises :class:`~pgqueue.errors.DatabaseUnavailable`."""
-        conninfo, kwargs = self.connection_settings()
-        options = {**kwargs, "connect_timeout": max(2, math.ceil(timeout))}
         try:
-            with psycopg.connect(conninfo, autocommit=True, **options) as conn:
+            with connections.connect_beside(
+                self.pool, connect_timeout=max(2, math.ceil(timeout))
+            ) as conn:
                 conn.execute(self._sql("database_ping"))
         except psycopg.Error as exc:
             raise DatabaseUnavailable(describe_unavailable(exc)) from exc
@@ -357,7 +321,8 @@ class Queue(
 
 __all__ = [
     "CLAIM_MODES",
-    "CONNECTION_DEFAULTS",
+    "CONNECTION_DEFAULTS",  # defined in pgqueue.connections; importable from here, as it was
+    "DEFAULT_POOL_TIMEOUT",
     "AckBatch",
     "JobPage",
     "JobSpec",
@@ -368,7 +333,7 @@ __all__ = [
     "UnservedTask",
     "Waiter",
     "WorkerRegistration",
-    "connection_defaults",
+    "connection_defaults",  # as CONNECTION_DEFAULTS
     "default_worker_id",
     "error_line",  # defined in pgqueue.errors; still importable from here, as it was
 ]

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import psycopg
 from psycopg import sql
 
-from pgqueue import migrations
+from pgqueue import connections, migrations
 from pgqueue.errors import PgQueueError, error_line
 from pgqueue.settings import DEFAULT_SCHEMA, check_schema
 
@@ -151,7 +151,7 @@ def grant_roles(conninfo: str, schema: str = DEFAULT_SCHEMA) -> Roles:
     every ``pgqueue migrate`` that adds tables."""
     roles = role_names(schema)
     try:
-        with psycopg.connect(conninfo, autocommit=False, prepare_threshold=None) as conn:
+        with connections.connect(conninfo) as conn:
             problem = migrations.unmigrated(conn, schema)
             if problem:
                 raise RolesError(f"{problem}: run `pgqueue migrate` first")
