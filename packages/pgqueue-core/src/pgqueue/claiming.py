@@ -252,10 +252,9 @@ def _claimed_jobs(
     # Column names straight from the result: cur.description builds a Column object per
     # column on every call.
     columns = [(result.fname(i) or b"").decode() for i in range(result.nfields)]
-    jobs = Job.from_tuples(columns, cur.fetchall(), shared)
+    rows = cur.fetchall()
     # job_claim returns the payloads as text, to be loaded all at once.
-    texts: list[Any] = [job.payload for job in jobs]  # still the text job_claim returned
-    payloads = jsonb.load_json_texts(texts)
-    for job, payload in zip(jobs, payloads, strict=True):
-        object.__setattr__(job, "payload", payload)
+    position = columns.index("payload")
+    payloads = jsonb.load_json_texts([row[position] for row in rows])
+    jobs = Job.from_tuples(columns, rows, shared, payloads=payloads)
     return sorted(jobs, key=lambda j: (-j.priority, j.run_at, j.id)), settings

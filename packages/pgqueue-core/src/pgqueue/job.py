@@ -104,11 +104,13 @@ class Job:
         columns: Sequence[str],
         rows: Iterable[Sequence[Any]],
         shared: Mapping[str, Any] | None = None,
+        payloads: Sequence[Any] | None = None,
     ) -> list[Job]:
         """Jobs from tuple rows whose column names are ``columns`` (a cursor's
         description); columns this version does not know are ignored. ``shared`` gives
         fields whose value is the same for every row (a claim's state and start time),
-        which the rows then need not carry.
+        which the rows then need not carry. ``payloads``, one per row, replace the rows'
+        payload column (a claim returns payloads as text, to be loaded all at once).
 
         The claim path builds thousands of jobs a second: this builds them with
         :meth:`from_fields`, and when the columns are the remaining fields in order (as
@@ -122,9 +124,12 @@ class Job:
         else:
             values_of = itemgetter(*[list(columns).index(name) for name in names])
         jobs = []
+        loaded = iter(()) if payloads is None else iter(payloads)
         for row in rows:
             values = dict(zip(names, values_of(row), strict=True))
             values.update(shared)
+            if payloads is not None:
+                values["payload"] = next(loaded)
             values["state"] = _STATES[values["state"]]
             if values["errors"] is None:
                 values["errors"] = []
