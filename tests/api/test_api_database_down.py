@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import psycopg
 import pytest
 from api_support import free_port
+from polling import wait_for
 from psycopg.conninfo import make_conninfo
 
 
@@ -103,3 +105,33 @@ def test_after_its_connections_are_cut_the_api_answers_one_503_not_one_per_conne
     # The first request meets a dead connection; the pool is then checked, before the
     # same client's next request is read, and every dead connection replaced.
     assert answers == [503, 200, 200, 200, 200, 200]
+
+
+def test_after_its_connections_are_cut_post_jobs_answers_one_503_not_one_per_connection(
+    start_api, database_url: str
+):
+    # POST /jobs enqueues on the AsyncProducer's pool, which a restart kills as well:
+    # it is checked after the first 503 too, whichever pool that request used.
+    api = start_api(pool_size=8)
+    pool = api.app.state.producer.pool
+
+    def post_many(count: int) -> list[int]:
+        with httpx.Client(base_url=api.url, timeout=60) as client:
+            return [client.post("/jobs", json={"task": "echo"}).status_code for _ in range(count)]
+
+    # Requests at once make the pool open all 4 of its connections.
+    with ThreadPoolExecutor(8) as burst:
+        statuses = [s for done in burst.map(post_many, [10] * 8) for s in done]
+    assert set(statuses) == {201}
+    wait_for(lambda: pool.get_stats()["pool_size"] == 4, 30, "the async pool to hold 4")
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        ended = admin.execute(
+            "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend'"
+        ).fetchone()[0]
+
+    answers = post_many(6)
+
+    assert ended >= 4
+    assert answers == [503, 201, 201, 201, 201, 201]

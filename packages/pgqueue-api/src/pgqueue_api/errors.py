@@ -8,6 +8,7 @@ echoed in a field name) cannot make the error response itself fail to render.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import threading
@@ -15,12 +16,14 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import psycopg_pool
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, Response
 
 from pgqueue import (
+    AsyncProducer,
     DatabaseUnavailable,
     IdempotencyConflict,
     InvalidTransition,
@@ -192,17 +195,20 @@ warn_unavailable = _ThrottledWarning()
 
 
 class _PoolRepair:
-    """Tests the pool's idle connections once a request found the database unavailable,
-    replacing the dead ones, one check at a time.
+    """Tests the pools' idle connections once a request found the database unavailable,
+    replacing the dead ones, one check per pool at a time.
 
-    After a server restart every pooled connection is dead, and the pool learns that of
+    After a server restart every pooled connection is dead, and a pool learns that of
     each one only when a request fails on it: without this, a pool of ten would answer
-    ten 503s after a restart that lasted a second. The check runs beside the answer, so
-    it delays none; a hung server only keeps the one check busy.
+    ten 503s after a restart that lasted a second. Both pools are checked, the Queue's
+    and the AsyncProducer's (``POST /jobs``), whichever one the failed request used: a
+    restart killed the connections of both. The checks run beside the answer, so they
+    delay none; a hung server only keeps one check per pool busy.
     """
 
     def __init__(self) -> None:
         self._running = threading.Lock()
+        self._async_check: asyncio.Task[None] | None = None
 
     def start(self, queue: Queue) -> None:
         """Start checking ``queue``'s pool on a thread of its own, unless a check is
@@ -215,6 +221,14 @@ class _PoolRepair:
             target=self._check, args=(queue,), name="pgqueue-pool-repair", daemon=True
         ).start()
 
+    def start_async(self, pool: psycopg_pool.AsyncConnectionPool) -> None:
+        """Start checking the async ``pool`` on the running event loop, unless a check
+        of it is running. Its first step, taking the idle connections out, runs before
+        the loop reads another request."""
+        if self._async_check is not None and not self._async_check.done():
+            return
+        self._async_check = asyncio.get_running_loop().create_task(self._check_async(pool))
+
     def _check(self, queue: Queue) -> None:
         try:
             queue.pool.check()
@@ -223,15 +237,25 @@ class _PoolRepair:
         finally:
             self._running.release()
 
+    @staticmethod
+    async def _check_async(pool: psycopg_pool.AsyncConnectionPool) -> None:
+        try:
+            await pool.check()
+        except Exception:
+            log.debug("checking the async pool's connections failed", exc_info=True)
+
 
 async def _database_unavailable(request: Request, exc: Exception) -> Response:
     # Clients get a generic answer; the reason (hosts, ports) stays in the server's log.
     warn_unavailable(f"answering 503: {exc}")
     response = unavailable_response()
+    repair: _PoolRepair = request.app.state.pool_repair
     queue: Queue | None = getattr(request.app.state, "queue", None)
     if queue is not None:
-        repair: _PoolRepair = request.app.state.pool_repair
         repair.start(queue)
+    producer: AsyncProducer | None = getattr(request.app.state, "producer", None)
+    if producer is not None:
+        repair.start_async(producer.pool)
     return response
 
 
