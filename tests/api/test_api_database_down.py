@@ -81,6 +81,18 @@ def test_writes_to_a_read_only_database_are_503_while_reads_work(start_api, data
     assert client.get("/healthz").status_code == 200
 
 
+def end_client_sessions(database_url: str) -> int:
+    """What a server restart leaves behind: the server ends every other client session
+    of the test's database, waiting until each has gone (a session only signalled could
+    still pass a pool's check). Returns how many it ended."""
+    with psycopg.connect(database_url, autocommit=True) as admin:
+        return admin.execute(
+            "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND backend_type = 'client backend'"
+        ).fetchone()[0]
+
+
 def test_after_its_connections_are_cut_the_api_answers_one_503_not_one_per_connection(
     start_api, database_url: str
 ):
@@ -92,12 +104,7 @@ def test_after_its_connections_are_cut_the_api_answers_one_503_not_one_per_conne
     pool.resize(min_size=4, max_size=4)
     pool.wait()
     assert api.client.get("/queues").status_code == 200
-    with psycopg.connect(database_url, autocommit=True) as admin:
-        ended = admin.execute(
-            "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            " AND backend_type = 'client backend'"
-        ).fetchone()[0]
+    ended = end_client_sessions(database_url)
 
     answers = [api.client.get("/queues").status_code for _ in range(6)]
 
@@ -124,12 +131,7 @@ def test_after_its_connections_are_cut_post_jobs_answers_one_503_not_one_per_con
         statuses = [s for done in burst.map(post_many, [10] * 8) for s in done]
     assert set(statuses) == {201}
     wait_for(lambda: pool.get_stats()["pool_size"] == 4, 30, "the async pool to hold 4")
-    with psycopg.connect(database_url, autocommit=True) as admin:
-        ended = admin.execute(
-            "SELECT count(pg_terminate_backend(pid, 5000)) FROM pg_stat_activity"
-            " WHERE datname = current_database() AND pid <> pg_backend_pid()"
-            " AND backend_type = 'client backend'"
-        ).fetchone()[0]
+    ended = end_client_sessions(database_url)
 
     answers = post_many(6)
 
