@@ -3,9 +3,10 @@
 A :class:`~pgqueue.Queue` runs its statements on a pool. The connections beside it (a
 worker's heartbeat pool, its LISTEN session, a health check's connection, the API's
 async pool) are made as the Queue's own are: the same conninfo, asked anew of a pool
-that takes it from a function, and the same keyword arguments (prepared statements or
-not, a ``SET ROLE`` in ``configure``), each under an ``application_name`` of its own so
-that ``pg_stat_activity`` tells them apart.
+that takes it from a function, and the same connection keyword arguments (prepared
+statements or not), each under an ``application_name`` of its own so that
+``pg_stat_activity`` tells them apart. A pool's ``configure`` callback is the pool's
+own and is not carried over.
 
 To all of them pgqueue adds :data:`CONNECTION_DEFAULTS`, less what the connection
 string sets itself.
@@ -57,7 +58,6 @@ def open_pool(
     max_size: int = 10,
     timeout: float = DEFAULT_POOL_TIMEOUT,
     prepare: bool = True,
-    autocommit: bool = False,
     check: bool = False,
 ) -> psycopg_pool.ConnectionPool:
     """A pool to ``conninfo`` with pgqueue's connection defaults.
@@ -72,8 +72,6 @@ def open_pool(
         kwargs["application_name"] = application_name
     if not prepare:
         kwargs["prepare_threshold"] = None
-    if autocommit:
-        kwargs["autocommit"] = True
     return psycopg_pool.ConnectionPool(
         conninfo,
         kwargs=kwargs,

@@ -673,27 +673,19 @@ class Worker:
                     outcome.attempt, "its lease was lost before its outcome was written"
                 )
         settled = []
-        pending, attempts = self._pending, self._attempts
+        pending = self._pending
         for outcome in chain(report.acked, report.failed, report.lost):
             lease = outcome.lease
-            # One lookup per dict in the common case (a busy worker settles thousands
-            # of outcomes a second): take the outcome out, and put back one that is
-            # not this report's to settle.
+            # One lookup in the common case (a busy worker settles thousands of outcomes
+            # a second): take the outcome out, and put back one that is not this
+            # report's to settle.
             current = pending.pop(lease, None)
             if current is not outcome:
                 if current is not None:
                     pending[lease] = current
                 continue
             settled.append(lease)
-            attempt = outcome.attempt
-            # _forget_if_done, knowing the outcome is no longer pending (the pop comes
-            # first: a returned attempt is forgotten whether or not it had a time limit).
-            if (
-                attempt.returned
-                and attempts.pop(lease, None) is not None
-                and attempt.timeout_seconds
-            ):
-                self._timed -= 1
+            self._forget_if_done(outcome.attempt)
         self._leases.release(settled)
 
     def _timed_attempts(self) -> list[tuple[Lease, Attempt]]:
@@ -704,10 +696,11 @@ class Worker:
 
     def _forget_if_done(self, attempt: Attempt) -> None:
         lease = attempt.lease
-        if attempt.returned and lease not in self._pending and lease in self._attempts:
-            del self._attempts[lease]
-            if attempt.timeout_seconds:
-                self._timed -= 1
+        if not attempt.returned or lease in self._pending:
+            return
+        # Popped, not looked up and then deleted: one lookup fewer per job.
+        if self._attempts.pop(lease, None) is not None and attempt.timeout_seconds:
+            self._timed -= 1
 
     def _lease_lost(self, executor: Executor, lease: Lease, how: str) -> None:
         attempt = self._attempts.get(lease)

@@ -213,7 +213,7 @@ WHERE taken.key = gone.idempotency_key AND taken.job_id = gone.id;
 -- scan of active_jobs_claim_idx in its order, stopped after the claim's LIMIT, whatever
 -- its value. But a generic plan prices a LIMIT parameter as a tenth of the table, so by
 -- default PostgreSQL keeps choosing a custom plan and plans the claim anew at every
--- call, a planning cost that is a fifth of the claim's time on the server. That
+-- call, which on a busy queue is a large share of the claim's time on the server. That
 -- pricing would also turn JIT on for a long backlog, compiling the claim at every call
 -- for nothing: it reads a handful of rows. Local to the transaction, so a pooled
 -- connection (or PgBouncer's server connection) keeps its own settings for everything
