@@ -92,7 +92,7 @@ def test_a_batch_of_results_beyond_one_statements_bound_is_acked_whole(
     roomy: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A bound of 1 kB splits ten 600-byte results into ten statements in one transaction.
-    monkeypatch.setattr(outcomes, "ACK_STATEMENT_MAX_BYTES", 1000)
+    monkeypatch.setattr(outcomes, "OUTCOME_STATEMENT_MAX_BYTES", 1000)
     for _ in range(10):
         roomy.enqueue("t")
     jobs = roomy.claim(["default"], ["t"], 10)
@@ -105,17 +105,17 @@ def test_a_batch_of_results_beyond_one_statements_bound_is_acked_whole(
     assert {roomy.get(j.id).state for j in jobs if j is not stolen} == {JobState.SUCCEEDED}
 
 
-def test_ack_chunks_keep_order_and_bound_each_statement() -> None:
+def test_outcome_chunks_keep_order_and_bound_each_statement() -> None:
     storable = [
-        outcomes._Storable(job=None, result=None, text="x" * size)  # type: ignore[arg-type]
+        outcomes._OutcomeRow(job=None, result=None, text="x" * size, error=None)  # type: ignore[arg-type]
         for size in (5, 5, 5, 20, 1, 1)
     ]
-    bound = outcomes.ACK_STATEMENT_MAX_BYTES
+    bound = outcomes.OUTCOME_STATEMENT_MAX_BYTES
     try:
-        outcomes.ACK_STATEMENT_MAX_BYTES = 10
-        chunks = list(outcomes._ack_chunks(storable))
+        outcomes.OUTCOME_STATEMENT_MAX_BYTES = 10
+        chunks = list(outcomes._chunks(storable))
     finally:
-        outcomes.ACK_STATEMENT_MAX_BYTES = bound
+        outcomes.OUTCOME_STATEMENT_MAX_BYTES = bound
     assert [(offset, [len(s.text) for s in chunk]) for offset, chunk in chunks] == [
         (0, [5, 5]),
         (2, [5]),

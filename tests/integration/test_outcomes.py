@@ -168,3 +168,46 @@ def test_ack_many_tells_each_lost_lease_apart_from_the_acked_jobs_around_it(queu
         assert job.result == stored.result == {"seq": stored.payload["seq"]}
         assert job.finished_at == stored.finished_at and job.lease_token is None
     assert {queue.get(job_id).state for job_id in cancelled} == {JobState.CANCELLED}
+
+
+def test_one_batch_writes_successes_failures_and_the_dead_together(queue):
+    """finish_many writes a batch's successes, retries, dead-letters and a result that
+    cannot be stored in one statement, counts each, and refuses the lost lease alone."""
+    queue.enqueue("t", {"n": 0})
+    queue.enqueue("t", {"n": 1})
+    queue.enqueue("t", {"n": 2}, max_attempts=1)
+    queue.enqueue("t", {"n": 3})
+    queue.enqueue("t", {"n": 4})
+    ok, retried, dead, unstorable, lost = queue.claim(["default"], ["t"], limit=5)
+    queue.cancel(lost.id)
+
+    batch = queue.finish_many(
+        [(ok, {"done": True}), (unstorable, float("nan")), (lost, "late")],
+        [(retried, "boom"), (dead, ValueError("bad"))],
+    )
+
+    assert [job.id for job in batch.succeeded] == [ok.id]
+    assert batch.lost == [lost.id]
+    states = {job.id: job.state for job in batch.failed}
+    assert states == {
+        retried.id: JobState.QUEUED,
+        dead.id: JobState.DEAD,
+        unstorable.id: JobState.QUEUED,
+    }
+    for job in batch.failed:
+        stored = queue.get(job.id)
+        assert (stored.state, stored.run_at, stored.last_error) == (
+            job.state,
+            job.run_at,
+            job.last_error,
+        )
+        assert stored.errors == job.errors and stored.errors[-1]["error"] == job.last_error
+    assert queue.get(dead.id).last_error == "ValueError: bad"
+    assert queue.get(dead.id).finished_at == batch.succeeded[0].finished_at
+    # The retry backs off by pgqueue.backoff's rule for the first failed attempt.
+    delay = (queue.get(retried.id).run_at - batch.succeeded[0].finished_at).total_seconds()
+    ceiling = backoff_ceiling(1, queue.retry_base, queue.retry_cap)
+    assert ceiling / 2 <= delay <= ceiling
+    (counts,) = queue.metrics_snapshot().queues
+    assert (counts.completed, counts.failures) == (1, 3)
+    assert counts.jobs["succeeded"] == 1 and counts.jobs["dead"] == 1

@@ -36,7 +36,7 @@ def _params(name: str) -> dict[str, Any]:
             "waiter": None,
             "waiter_seconds": None,
         },
-        "job_reap": {"limit": 1000, "base": 1.0, "cap": 60.0},
+        "job_expired_lock": {"limit": 1000},
         "job_next_run_delay": common,
         "queue_stats": {},
         "jobs_unserved": {},
@@ -76,7 +76,7 @@ def hot_set(queue: Queue) -> None:
     "name",
     [
         "job_claim",
-        "job_reap",
+        "job_expired_lock",
         "job_next_run_delay",
         "queue_stats",
         "jobs_unserved",

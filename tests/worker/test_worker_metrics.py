@@ -76,8 +76,7 @@ def test_worker_serves_its_own_metrics(start_worker, queue: Queue) -> None:
     assert pickups + value(samples, "pgqueue_worker_pickup_seconds_count", queue="slow") == 7
     # Database round trips: heartbeats while the sleeper ran, acks and the one failure.
     assert value(samples, "pgqueue_worker_heartbeat_seconds_count") >= 1
-    assert value(samples, "pgqueue_worker_outcome_write_seconds_count", statement="ack") >= 1
-    assert value(samples, "pgqueue_worker_outcome_write_seconds_count", statement="fail") == 1
+    assert value(samples, "pgqueue_worker_outcome_write_seconds_count") >= 1
     assert value(samples, "pgqueue_worker_attempts_total", outcome="lost") == 0
     assert value(samples, "pgqueue_worker_database_up") == 1
     assert value(samples, "pgqueue_worker_database_errors_total") == 0

@@ -22,7 +22,7 @@ from pgqueue.hookspecs import call_when, hookimpl
 from pgqueue.job import EnqueueResult, Job, JobState, Lease
 from pgqueue.job_spec import JobSpec
 from pgqueue.migrations import migrate
-from pgqueue.outcomes import AckBatch
+from pgqueue.outcomes import OutcomeBatch
 from pgqueue.plugins import LifecycleHooks, TaskHandler, collect_tasks, get_plugin_manager
 from pgqueue.queue import JobPage, Queue
 from pgqueue.queue_control import UNSET, QueueInfo
@@ -31,7 +31,6 @@ from pgqueue.registry import UnservedTask, WorkerInfo, WorkerRegistration
 
 __all__ = [
     "UNSET",
-    "AckBatch",
     "AsyncProducer",
     "BatchItem",
     "DatabaseUnavailable",
@@ -49,6 +48,7 @@ __all__ = [
     "LeaseLost",
     "LifecycleHooks",
     "NoDatabaseConfigured",
+    "OutcomeBatch",
     "PgQueueError",
     "Queue",
     "QueueInfo",

@@ -1,7 +1,8 @@
 """Retry delays: exponential, capped, half fixed and half random.
 
-The reaper applies the same rule inside SQL (``job_reap`` in ``sql/queries.sql``),
-so jobs whose worker died back off exactly like jobs whose handler raised.
+The one place a retry's delay is worked out: ``Queue.finish_many`` sends each failed
+attempt's delay with it, and the reaper finishes expired leases through the same
+call, so jobs whose worker died back off exactly like jobs whose handler raised.
 """
 
 from __future__ import annotations

@@ -9,18 +9,20 @@ import os
 import socket
 import uuid
 from collections.abc import Callable, Collection, Iterable, Mapping
-from contextlib import suppress
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 import psycopg
 import psycopg.errors
 
 from pgqueue import jsonb, queries, validation
-from pgqueue.errors import LeaseLost, ValidationError
+from pgqueue.errors import ValidationError
 from pgqueue.job import Job, JobState, Lease
 from pgqueue.queue_base import QueueBase, send_commit
 from pgqueue.registry import NO_WORKER, WorkerRegistration
 from pgqueue.settings import DEFAULT_LEASE_SECONDS
+
+if TYPE_CHECKING:
+    from pgqueue.outcomes import OutcomeBatch
 
 CLAIM_MODES = tuple(queries.CLAIM_LOCKS)
 
@@ -49,7 +51,11 @@ class ClaimMethods(QueueBase):
 
     if TYPE_CHECKING:
 
-        def fail(self, job: Job, error: str | BaseException) -> Job: ...
+        def finish_many(
+            self,
+            successes: Iterable[tuple[Job, Any]],
+            failures: Iterable[tuple[Job, str | BaseException]] = (),
+        ) -> OutcomeBatch: ...
 
     def claim(
         self,
@@ -192,15 +198,17 @@ class ClaimMethods(QueueBase):
         (:class:`~pgqueue.jsonb.UndecodableJson`) makes its attempt a failed one, with
         the reason as its error, as an unstorable result does."""
         runnable = []
+        undecodable = []
         for job in claimed:
             # Typed as the dict it should be; a payload Python could not load arrives
             # as UndecodableJson in its place.
             payload: object = job.payload
             if isinstance(payload, jsonb.UndecodableJson):
-                with suppress(LeaseLost):
-                    self.fail(job, f"payload could not be decoded: {payload.reason}")
+                undecodable.append((job, f"payload could not be decoded: {payload.reason}"))
             else:
                 runnable.append(job)
+        if undecodable:
+            self.finish_many((), undecodable)
         return runnable
 
 

@@ -34,7 +34,7 @@ FINISHED_STATES = tuple(state for state in JobState if state.finished)
 ERRORS_KEPT = 20
 """How many failed attempts a job's ``errors`` history keeps (the latest ones); each
 entry's error is cut to ERROR_HISTORY_CHARS characters. Both are applied by the SQL
-statements that record failures (``job_fail``, ``job_reap``)."""
+statement that records failures (``job_finish_many``)."""
 ERROR_HISTORY_CHARS = 2000
 # By value: a dict lookup costs a fraction of calling the enum class, once per row.
 _STATES = {state.value: state for state in JobState}
@@ -147,6 +147,29 @@ class Job:
             result=result,
             finished_at=finished_at,
             last_error=None,
+            lease_token=None,
+            lease_expires_at=None,
+        )
+        return Job.from_fields(values)
+
+    def failed(
+        self,
+        state: JobState,
+        run_at: datetime,
+        error: str,
+        errors: list[dict[str, Any]],
+        finished_at: datetime,
+    ) -> Job:
+        """This running job as a failed attempt left it: queued again at ``run_at``, or
+        dead (finished at ``finished_at``) once its attempts were used up; ``error`` is
+        its ``last_error`` and ``errors`` the history with it appended."""
+        values = dict(self.__dict__)
+        values.update(
+            state=state,
+            run_at=run_at,
+            finished_at=finished_at if state is JobState.DEAD else None,
+            last_error=error,
+            errors=errors,
             lease_token=None,
             lease_expires_at=None,
         )

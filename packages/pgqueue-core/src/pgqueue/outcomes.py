@@ -1,19 +1,20 @@
 """The worker protocol's second half, part of :class:`pgqueue.Queue`: what became of each
-attempt (acks in one statement per batch, failed attempts with their backoff, the
-reaper's expired leases), fenced by the lease token, and the hooks run after they
+attempt. Successes, failures (with their backoff) and dead-lettering of a batch are
+written by one statement, ``job_finish_many``, fenced by each attempt's lease token;
+the reaper finishes expired leases through it too. The lifecycle hooks run after the
 commit.
 """
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, NamedTuple, cast
 
 import psycopg
-import psycopg.errors
 
 from pgqueue import dependencies, jsonb, queries, validation
 from pgqueue.backoff import backoff_seconds
@@ -24,9 +25,10 @@ from pgqueue.queue_base import QueueBase, send_commit
 
 
 @dataclass(frozen=True)
-class AckBatch:
-    """What ``ack_many`` wrote: succeeded jobs, jobs whose result could not be stored
-    (recorded as failed attempts instead), and the ids whose lease was lost."""
+class OutcomeBatch:
+    """What :meth:`~OutcomeMethods.finish_many` wrote: the jobs that succeeded, the
+    failed attempts (errors, and results the database could not store), and the ids
+    whose lease was lost."""
 
     succeeded: list[Job]
     failed: list[Job]
@@ -46,127 +48,140 @@ class OutcomeMethods(QueueBase):
         failed attempt instead, and the returned job says so. Raises
         :class:`~pgqueue.errors.LeaseLost` when the lease token no longer matches.
         """
-        batch = self.ack_many([(job, result)])
+        batch = self.finish_many([(job, result)])
         if batch.lost:
             raise LeaseLost(job.id)
         return (batch.succeeded or batch.failed)[0]
 
-    def ack_many(self, outcomes: Iterable[tuple[Job, Any]]) -> AckBatch:
-        """Acknowledge many jobs in one statement (results that cannot be stored become
-        failed attempts, each its own statement)."""
-        storable, unstorable = _split_storable(outcomes, self.max_result_bytes)
-        written: _AckWritten | None = None
-        if storable:
-            with self._connection() as conn:
-                # As in claim: a worker cut off mid-ack never leaves the rows locked.
-                with conn.pipeline():
-                    read_acks = self._send_acks(conn, storable)
-                    send_commit(conn)
-                written = read_acks()
-        return self._settle_acks(storable, written, unstorable)
-
-    def _send_acks(
-        self, conn: psycopg.Connection, storable: list[_Storable]
-    ) -> Callable[[], _AckWritten]:
-        """Send job_ack_many for ``storable`` in ``conn``'s current transaction (and
-        pipeline), as one statement per ACK_STATEMENT_MAX_BYTES of results: a batch of
-        large results would otherwise make a statement too large for PostgreSQL to take
-        (1 GB), refused on every retry. The function returned reads what they wrote, as
-        if one statement had written it all."""
-        sent: list[tuple[int, psycopg.Cursor]] = []
-        for offset, chunk in _ack_chunks(storable):
-            cur = conn.cursor()
-            cur.execute(self._sql("job_ack_many"), _ack_params(chunk))
-            sent.append((offset, cur))
-
-        def read() -> _AckWritten:
-            finished_at = None
-            refused: list[int] = []
-            for offset, cur in sent:
-                written = _AckWritten(*cur.fetchone()[:2])  # type: ignore[index]
-                finished_at = finished_at or written.finished_at
-                refused.extend(offset + position for position in written.refused)
-            return _AckWritten(finished_at, refused)  # type: ignore[arg-type]
-
-        return read
-
-    def _settle_acks(
-        self,
-        storable: list[_Storable],
-        written: _AckWritten | None,
-        unstorable: list[tuple[Job, str]],
-    ) -> AckBatch:
-        """Turn what ``job_ack_many`` wrote into an AckBatch, record the unstorable
-        results as failed attempts, and run ``on_success`` for what was acked."""
-        succeeded: list[Job] = []
-        lost: list[Lease] = []
-        if written is not None:
-            # Positions count from 1 in job_ack_many's arrays, which are in this order.
-            refused = set(written.refused)
-            for position, outcome in enumerate(storable, start=1):
-                job = outcome.job
-                if position in refused:
-                    lost.append(Lease(job.id, job.lease_token))  # type: ignore[arg-type]
-                else:
-                    succeeded.append(job.succeeded(outcome.result, written.finished_at))
-        failed: list[Job] = []
-        for job, error in unstorable:
-            try:
-                failed.append(self.fail(job, error))
-            except LeaseLost:
-                lost.append(Lease(job.id, job.lease_token))  # type: ignore[arg-type]
-        self._notify_each("on_success", ({"job": job, "result": job.result} for job in succeeded))
-        return AckBatch(
-            succeeded=succeeded,
-            failed=failed,
-            lost=[lease.job_id for lease in lost],
-            lost_leases=lost,
-        )
+    def ack_many(self, outcomes: Iterable[tuple[Job, Any]]) -> OutcomeBatch:
+        """Acknowledge many jobs in one statement: :meth:`finish_many` with no errors."""
+        return self.finish_many(outcomes)
 
     def fail(self, job: Job, error: str | BaseException) -> Job:
         """Record a failed attempt of ``job``: back to queued after a backoff, or dead
         when ``max_attempts`` is used up. Raises LeaseLost if the lease was lost."""
-        message = _error_text(error)
+        batch = self.finish_many((), [(job, error)])
+        if batch.lost:
+            raise LeaseLost(job.id)
+        return batch.failed[0]
+
+    def finish_many(
+        self,
+        successes: Iterable[tuple[Job, Any]],
+        failures: Iterable[tuple[Job, str | BaseException]] = (),
+    ) -> OutcomeBatch:
+        """Write what became of many attempts in one statement, each guarded by its
+        lease: each ``(job, result)`` of ``successes`` succeeds; each ``(job, error)``
+        of ``failures`` goes back to queued after its backoff
+        (:func:`~pgqueue.backoff.backoff_seconds`), or dead once ``max_attempts`` is
+        used up. A result that cannot be stored becomes a failed attempt. Outcomes whose
+        lease was lost are refused and reported in ``lost``. The dead jobs' waiting
+        dependents are cancelled in the same transaction; the hooks run after it
+        commits."""
+        rows = _outcome_rows(successes, failures, self.max_result_bytes)
+        if not rows:
+            return OutcomeBatch([], [], [])
         with self._connection() as conn:
-            cur = jsonb.cursor(conn)
-            cur.execute(
-                self._sql("job_fail"),
-                {
-                    "id": job.id,
-                    "token": job.lease_token,
-                    "error": message,
-                    "retry_delay": backoff_seconds(job.attempts, self.retry_base, self.retry_cap),
-                },
-            )
-            rows = cur.fetchall()
-            if not rows:
-                raise LeaseLost(job.id)
-            cancelled = self._cancel_dependents(cur, rows)
-        failed = Job.from_row(rows[0])
-        self._notify_failed(failed, message)
-        self._notify_each("on_cancel", ({"job": dependent} for dependent in cancelled))
-        return failed
+            written, cancelled = self._write_outcomes(conn, rows, commit=True)
+        return self._settle(rows, written, cancelled)
 
-    def _cancel_dependents(
-        self, cur: psycopg.Cursor[dict[str, Any]], rows: Iterable[Mapping[str, Any]]
-    ) -> list[Job]:
-        """In ``cur``'s transaction, cancel the waiting dependents of the jobs in
-        ``rows`` that ended dead or cancelled and have dependents."""
+    def _write_outcomes(
+        self, conn: psycopg.Connection, rows: list[_OutcomeRow], *, commit: bool
+    ) -> tuple[_Written, list[Job]]:
+        """Write ``rows`` (in job id order) in ``conn``'s transaction and, when some job
+        ended dead with dependents, cancel those. With ``commit``, a batch of successes
+        alone, the common case, is pipelined with its commit in one round trip (a worker
+        cut off mid-write then never leaves the rows locked); otherwise the caller
+        commits."""
+        if commit and not any(row.error is not None for row in rows):
+            with conn.pipeline():
+                read = self._send_outcomes(conn, rows)
+                send_commit(conn)
+            return read(), []
+        written = self._send_outcomes(conn, rows)()
         ended = [
-            (row["id"], str(row["state"]))
-            for row in rows
-            if row["has_dependents"] and row["state"] in ("dead", "cancelled")
+            (rows[failure.position - 1].job.id, "dead")
+            for failure in written.failed
+            if failure.has_dependents and failure.state == "dead"
         ]
-        return dependencies.cancel_dependents(cur, self.schema, ended) if ended else []
+        if not ended:
+            return written, []
+        return written, dependencies.cancel_dependents(jsonb.cursor(conn), self.schema, ended)
 
-    def _notify_failed(self, job: Job, message: str) -> None:
-        dead = job.state is JobState.DEAD
-        self._notify("on_fail", job=job, error=message, next_run_at=None if dead else job.run_at)
-        if dead:
-            self._notify("on_dead", job=job)
+    def _send_outcomes(
+        self, conn: psycopg.Connection, rows: list[_OutcomeRow]
+    ) -> Callable[[], _Written]:
+        """Send job_finish_many for ``rows`` in ``conn``'s current transaction (and
+        pipeline), as one statement per OUTCOME_STATEMENT_MAX_BYTES of results: a batch
+        of large results would otherwise make a statement too large for PostgreSQL to
+        take (1 GB), refused on every retry. The function returned reads what they
+        wrote, as if one statement had written it all, positions counted across them."""
+        sent: list[tuple[int, psycopg.Cursor[Any]]] = []
+        for offset, chunk in _chunks(rows):
+            cur = conn.cursor()
+            params = _statement_params(chunk, self.retry_base, self.retry_cap)
+            cur.execute(self._sql("job_finish_many"), params)
+            sent.append((offset, cur))
+
+        def read() -> _Written:
+            written_at: datetime | None = None
+            refused: list[int] = []
+            failed: list[_Failure] = []
+            for offset, cur in sent:
+                for row in cur.fetchall():
+                    written_at, chunk_refused, _, position, *rest = row
+                    if position is not None:
+                        failed.append(_Failure(offset + position, *rest))
+                refused.extend(offset + position for position in chunk_refused)
+            return _Written(cast(datetime, written_at), sorted(set(refused)), failed)
+
+        return read
+
+    def _settle(
+        self, rows: list[_OutcomeRow], written: _Written, cancelled: list[Job]
+    ) -> OutcomeBatch:
+        """Turn what ``job_finish_many`` wrote into an OutcomeBatch, and run the hooks:
+        ``on_success``, ``on_fail`` and ``on_dead``, and ``on_cancel`` for the dependents
+        cancelled."""
+        failed_at = {failure.position: failure for failure in written.failed}
+        refused = set(written.refused)
+        succeeded: list[Job] = []
+        failed: list[tuple[Job, str]] = []
+        lost: list[Lease] = []
+        # Positions count from 1 in job_finish_many's arrays, which are in this order.
+        for position, row in enumerate(rows, start=1):
+            job = row.job
+            if position in refused:
+                lost.append(Lease(job.id, cast(uuid.UUID, job.lease_token)))
+            elif row.error is None:
+                succeeded.append(job.succeeded(row.result, written.written_at))
+            else:
+                at = failed_at[position]
+                state = JobState(at.state)
+                failed.append(
+                    (
+                        job.failed(state, at.run_at, row.error, at.errors, written.written_at),
+                        row.error,
+                    )
+                )
+        self._notify_each("on_success", ({"job": job, "result": job.result} for job in succeeded))
+        for job, error in failed:
+            dead = job.state is JobState.DEAD
+            self._notify("on_fail", job=job, error=error, next_run_at=None if dead else job.run_at)
+            if dead:
+                self._notify("on_dead", job=job)
+        self._notify_each("on_cancel", ({"job": dependent} for dependent in cancelled))
+        return OutcomeBatch(
+            succeeded=succeeded,
+            failed=[job for job, _ in failed],
+            lost=[lease.job_id for lease in lost],
+            lost_leases=lost,
+        )
 
     def reap(self, limit: int = 1000) -> list[Job] | None:
         """Return expired leases to queued (with backoff) or dead; one reaper at a time.
+        Each expired attempt is finished as a failed one, through the same statement as
+        a worker's failures.
 
         Returns the reaped jobs, or None when another process holds the reaper lock.
         """
@@ -175,102 +190,144 @@ class OutcomeMethods(QueueBase):
             cur.execute(self._sql("reaper_try_lock"), {"key": advisory_key("reap", self.schema)})
             if not queries.one_row(cur)["locked"]:
                 return None
-            cur.execute(
-                self._sql("job_reap"),
-                {"limit": limit, "base": self.retry_base, "cap": self.retry_cap},
-            )
-            rows = cur.fetchall()
-            reaped = [Job.from_row(row) for row in rows]
-            cancelled = self._cancel_dependents(cur, rows)
+            cur.execute(self._sql("job_expired_lock"), {"limit": limit})
+            expired = [(Job.from_row(row), _expiry(row)) for row in cur.fetchall()]
+            rows = _outcome_rows((), expired, self.max_result_bytes)
+            if rows:
+                written, cancelled = self._write_outcomes(conn, rows, commit=False)
             # And the waiting records and registry rows of workers that stopped
             # without removing them.
             cur.execute(self._sql("waiters_expired_delete"))
             cur.execute(self._sql("workers_expired_delete"))
-        for job in reaped:
-            self._notify_failed(job, job.last_error or "lease expired")
-        self._notify_each("on_cancel", ({"job": dependent} for dependent in cancelled))
-        return reaped
+        if not rows:
+            return []
+        return self._settle(rows, written, cancelled).failed
 
 
-class _Storable(NamedTuple):
-    """An outcome PostgreSQL can store: the job, the handler's result, and its JSON text."""
+def _expiry(row: dict[str, Any]) -> str:
+    """The error an expired attempt is recorded with: how long it ran, and whose it was."""
+    ran_for = cast(timedelta | None, row["ran_for"]) or timedelta(0)
+    seconds = max(ran_for.total_seconds(), 0.0)
+    hours, rest = divmod(seconds, 3600)
+    minutes, rest = divmod(rest, 60)
+    return (
+        f"lease expired after {int(hours):02d}:{int(minutes):02d}:{rest:06.3f} "
+        f"(worker {row['worker_id'] or 'unknown'} stopped heartbeating)"
+    )
+
+
+class _OutcomeRow(NamedTuple):
+    """One outcome as job_finish_many is sent it: the job, and its result (with its
+    JSON text) or its error."""
 
     job: Job
     result: Any
     text: str
+    error: str | None
 
 
-def _split_storable(
-    outcomes: Iterable[tuple[Job, Any]], max_result_bytes: int
-) -> tuple[list[_Storable], list[tuple[Job, str]]]:
-    """Outcomes whose result PostgreSQL can store, and (job, error) for those it cannot
-    or that are over ``max_result_bytes`` as JSON text.
-
-    The storable ones come in job id order, the order job_ack_many is given them: any
-    two acks that meet on the same rows then lock them in the same order (heartbeats
-    never wait for a row: see job_heartbeat_many)."""
-    storable: list[_Storable] = []
-    unstorable: list[tuple[Job, str]] = []
-    for job, result in outcomes:
+def _outcome_rows(
+    successes: Iterable[tuple[Job, Any]],
+    failures: Iterable[tuple[Job, str | BaseException]],
+    max_result_bytes: int,
+) -> list[_OutcomeRow]:
+    """The outcomes as job_finish_many takes them, in job id order: any two writes that
+    meet on the same rows then lock them in the same order (heartbeats never wait for a
+    row: see job_heartbeat_many). A result PostgreSQL cannot store, or one over
+    ``max_result_bytes`` as JSON text, becomes an error."""
+    rows: list[_OutcomeRow] = []
+    for job, result in successes:
         if result is None:  # most handlers return nothing: no need to serialise it
-            storable.append(_Storable(job, None, "null"))
+            rows.append(_OutcomeRow(job, None, "null", None))
             continue
         try:
             text = validation.jsonb_text("result", result)
             validation.within_limit("result", text, max_result_bytes)
         except ValidationError as exc:
-            unstorable.append((job, f"result could not be stored: {exc}"))
+            rows.append(_OutcomeRow(job, None, "null", f"result could not be stored: {exc}"))
         else:
-            storable.append(_Storable(job, result, text))
-    storable.sort(key=lambda s: s.job.id)
-    return storable, unstorable
+            rows.append(_OutcomeRow(job, result, text, None))
+    rows.extend(_OutcomeRow(job, None, "null", _error_text(error)) for job, error in failures)
+    rows.sort(key=lambda row: row.job.id)
+    return rows
 
 
-class _AckWritten(NamedTuple):
-    """The row job_ack_many returns."""
+class _Written(NamedTuple):
+    """What job_finish_many's rows said, over every statement of a batch."""
 
-    finished_at: datetime
+    written_at: datetime
     refused: list[int]
     """Positions (from 1) of the outcomes whose lease was no longer held."""
+    failed: list[_Failure]
 
 
-ACK_STATEMENT_MAX_BYTES = 16 * 1024 * 1024
-"""Results sent in one job_ack_many statement, at most (a single larger result goes
+class _Failure(NamedTuple):
+    """A failed attempt job_finish_many wrote: its position (from 1), and what it left."""
+
+    position: int
+    state: str
+    run_at: datetime
+    errors: list[dict[str, Any]]
+    has_dependents: bool
+
+
+OUTCOME_STATEMENT_MAX_BYTES = 16 * 1024 * 1024
+"""Results sent in one job_finish_many statement, at most (a single larger result goes
 alone): far under PostgreSQL's 1 GB message limit, and quick to send and parse."""
 
 
-def _ack_chunks(ordered: list[_Storable]) -> Iterator[tuple[int, list[_Storable]]]:
-    """``ordered`` in runs of at most ACK_STATEMENT_MAX_BYTES of result text, each with
-    the number of outcomes before it (for positions across statements)."""
+def _chunks(ordered: list[_OutcomeRow]) -> Iterator[tuple[int, list[_OutcomeRow]]]:
+    """``ordered`` in runs of at most OUTCOME_STATEMENT_MAX_BYTES of result text, each
+    with the number of outcomes before it (for positions across statements)."""
     start = 0
     size = 0
     for index, outcome in enumerate(ordered):
         # Characters, not bytes: counting bytes would encode every result once more.
         # A run may so hold up to four times the bound, still far under 1 GB.
         length = len(outcome.text)
-        if index > start and size + length > ACK_STATEMENT_MAX_BYTES:
+        if index > start and size + length > OUTCOME_STATEMENT_MAX_BYTES:
             yield start, ordered[start:index]
             start, size = index, 0
         size += length
     yield start, ordered[start:]
 
 
-def _ack_params(ordered: list[_Storable]) -> dict[str, Any]:
-    # Array literals and one JSON array, as job_ack_many expects: ids and UUIDs need no
+def _statement_params(
+    ordered: Sequence[_OutcomeRow], retry_base: float, retry_cap: float
+) -> dict[str, Any]:
+    # Array literals and JSON arrays, as job_finish_many expects: ids and UUIDs need no
     # quoting, and each result is already valid JSON text. Tokens go as their 32 hex
     # digits, which PostgreSQL reads as a uuid too: formatting the integer costs a
     # fraction of str(UUID), which inserts the hyphens in Python code.
-    return {
-        "ids": "{" + ",".join([str(s.job.id) for s in ordered]) + "}",
+    params: dict[str, Any] = {
+        "ids": "{" + ",".join([str(row.job.id) for row in ordered]) + "}",
         # Every outcome is of a claimed job, which holds a lease token.
         "tokens": "{"
-        + ",".join([f"{cast(uuid.UUID, s.job.lease_token).int:032x}" for s in ordered])
+        + ",".join([f"{cast(uuid.UUID, row.job.lease_token).int:032x}" for row in ordered])
         + "}",
-        "results": "[" + ",".join([s.text for s in ordered]) + "]",
+        "results": "[" + ",".join([row.text for row in ordered]) + "]",
+        "errors": None,
+        "delays": None,
     }
+    if any(row.error is not None for row in ordered):
+        # The backoff of each failed attempt, worked out here and nowhere else.
+        params["errors"] = json.dumps([row.error for row in ordered])
+        params["delays"] = (
+            "{"
+            + ",".join(
+                "NULL"
+                if row.error is None
+                else repr(backoff_seconds(row.job.attempts, retry_base, retry_cap))
+                for row in ordered
+            )
+            + "}"
+        )
+    return params
 
 
 def _error_text(error: str | BaseException) -> str:
     text = f"{type(error).__name__}: {error}" if isinstance(error, BaseException) else str(error)
-    # PostgreSQL text cannot hold NUL, and an error message must never fail to store.
-    return text.replace("\x00", "\\0")[:10_000]
+    # PostgreSQL text cannot hold NUL, nor UTF-8 a lone surrogate, and an error message
+    # must never fail to store.
+    text = text.replace("\x00", "\\0")[:10_000]
+    return text.encode("utf-8", "replace").decode("utf-8")

@@ -42,7 +42,7 @@ from pgqueue.errors import (
 )
 from pgqueue.job import Job, JobState
 from pgqueue.job_spec import JobSpec
-from pgqueue.outcomes import AckBatch, OutcomeMethods
+from pgqueue.outcomes import OutcomeBatch, OutcomeMethods
 from pgqueue.producing import ProducerMethods
 from pgqueue.pruning import PruneMethods
 from pgqueue.queue_base import describe_unavailable
@@ -198,7 +198,8 @@ class Queue(
             cur = jsonb.cursor(conn)
             cur.execute(self._sql("job_cancel"), {"id": job_id})
             rows = cur.fetchall()
-            cancelled = self._cancel_dependents(cur, rows)
+            ended = [(row["id"], "cancelled") for row in rows if row["has_dependents"]]
+            cancelled = dependencies.cancel_dependents(cur, self.schema, ended) if ended else []
         if not rows:
             raise InvalidTransition(job_id, self.get(job_id).state.value, "cancel")
         job = Job.from_row(rows[0])
@@ -323,10 +324,10 @@ __all__ = [
     "CLAIM_MODES",
     "CONNECTION_DEFAULTS",  # defined in pgqueue.connections; importable from here, as it was
     "DEFAULT_POOL_TIMEOUT",
-    "AckBatch",
     "JobPage",
     "JobSpec",
     "MetricsSnapshot",
+    "OutcomeBatch",
     "Queue",
     "QueueMetrics",
     "QueueStats",

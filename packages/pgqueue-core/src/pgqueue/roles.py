@@ -76,7 +76,7 @@ _TABLE_GRANTS: dict[str, dict[str, list[str]]] = {
     },
     "run_time_buckets": {
         PRODUCER: ["SELECT"],
-        WORKER: ["INSERT", "UPDATE"],  # job_ack_many's histogram
+        WORKER: ["INSERT", "UPDATE"],  # job_finish_many's histogram
     },
     "queue_waiters": {
         PRODUCER: ["SELECT"],  # enqueues notify only queues with a live waiter

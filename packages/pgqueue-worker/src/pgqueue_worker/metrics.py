@@ -99,19 +99,14 @@ class WorkerMetrics:
         )
         self.outcome_write = Histogram(
             "pgqueue_worker_outcome_write_seconds",
-            "How long writing outcomes took, per statement: ack (a batch of successes) or "
-            "fail (one failed attempt), with the lifecycle hooks run after its commit.",
-            ["statement"],
+            "How long writing each batch of outcomes took (one statement for its successes "
+            "and failures), with the lifecycle hooks run after its commit.",
             buckets=WRITE_BUCKETS,
             registry=self.registry,
         )
         # Children by label values: .labels() costs a lock and a tuple per call.
         self._job_duration: dict[tuple[str, str], Any] = {}
         self._pickup: dict[str, Any] = {}
-        self._outcome_write = {
-            "ack": self.outcome_write.labels("ack"),
-            "fail": self.outcome_write.labels("fail"),
-        }
         self._watching: _WorkerCollector | None = None
 
     def watch(self, worker: Worker) -> None:
@@ -153,9 +148,9 @@ class WorkerMetrics:
         """A heartbeat statement took ``seconds``."""
         self.heartbeat.observe(seconds)
 
-    def outcomes_written(self, statement: str, seconds: float) -> None:
-        """An outcome statement (``ack`` or ``fail``) took ``seconds``."""
-        self._outcome_write[statement].observe(seconds)
+    def outcomes_written(self, seconds: float) -> None:
+        """Writing a batch of outcomes took ``seconds``."""
+        self.outcome_write.observe(seconds)
 
     # -- serving ------------------------------------------------------------------------
 

@@ -6,9 +6,9 @@ are being started. Outcomes that finish while a batch is being written form the 
 batch, so a busy worker writes large batches and an idle one writes each outcome at
 once.
 
-Successes are written together in one statement (``Queue.ack_many``), failures one at
-a time (``Queue.fail``, which computes each one's backoff). Every write is guarded by
-the attempt's lease token, so an outcome whose lease was lost meanwhile (cancelled, or
+Each batch, successes and failures together, is written by one statement
+(``Queue.finish_many``, which works out each failure's backoff). Every write is guarded
+by the attempt's lease token, so an outcome whose lease was lost meanwhile (cancelled, or
 reaped after a stall) is refused by the database and reported back as lost. While the
 database is unavailable the writer keeps the batch and retries it with backoff; if
 the worker stops or dies first, the leases expire and the jobs run again.
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgqueue import DatabaseUnavailable, Lease, LeaseLost, Queue
+from pgqueue import DatabaseUnavailable, Lease, Queue
 from pgqueue_worker.executor import Attempt
 from pgqueue_worker.outage import Backoff, DatabaseHealth, discard_broken_connections
 from pgqueue_worker.service import HandOffService
@@ -77,15 +77,14 @@ class OutcomeWriter(HandOffService):
         *,
         health: DatabaseHealth,
         on_written: Callable[[WriteReport], None],
-        on_statement: Callable[[str, float], None] | None = None,
+        on_statement: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__()
         self.queue = queue
         self.health = health
         self.on_written = on_written
         self.on_statement = on_statement
-        """Told how many seconds each write took: ``("ack", seconds)`` for a batch of
-        successes, ``("fail", seconds)`` for one failure (the worker's metrics)."""
+        """Told how many seconds each batch's write took (the worker's metrics)."""
         self._waiting: list[Outcome] = []
 
     def submit(self, outcomes: list[Outcome]) -> None:
@@ -127,33 +126,23 @@ class OutcomeWriter(HandOffService):
             self.on_written(report)
 
     def _write(self, batch: list[Outcome], report: WriteReport) -> None:
-        """Write ``batch``, failures first, one by one, then every success in one
-        statement, adding each settled outcome to ``report`` and taking it out of
-        ``batch``: if the database fails midway, a retry writes only what is left."""
-        for outcome, error in [(o, e) for o in batch if (e := o.error) is not None]:
-            started = time.monotonic()
-            try:
-                self.queue.fail(outcome.attempt.job, error)
-                if self.on_statement is not None:
-                    self.on_statement("fail", time.monotonic() - started)
-            except LeaseLost:
-                report.lost.append(outcome)
-            else:
-                report.failed.append(outcome)
-            batch.remove(outcome)
-        if not batch:
-            return
+        """Write ``batch`` in one statement, add each settled outcome to ``report`` and
+        empty ``batch``. If the database fails, the batch is kept whole: the statement
+        wrote nothing, and a retry writes it all."""
         started = time.monotonic()
-        acked = self.queue.ack_many([(o.attempt.job, o.result) for o in batch])
+        written = self.queue.finish_many(
+            [(o.attempt.job, o.result) for o in batch if o.error is None],
+            [(o.attempt.job, o.error) for o in batch if o.error is not None],
+        )
         if self.on_statement is not None:
-            self.on_statement("ack", time.monotonic() - started)
-        lost = set(acked.lost_leases)
+            self.on_statement(time.monotonic() - started)
+        lost = set(written.lost_leases)
         # A result the database cannot store was recorded as a failed attempt instead.
-        unstored = {job.id for job in acked.failed}
+        failed = {job.id for job in written.failed}
         for outcome in batch:
             if outcome.lease in lost:
                 report.lost.append(outcome)
-            elif outcome.attempt.job.id in unstored:
+            elif outcome.attempt.job.id in failed:
                 report.failed.append(outcome)
             else:
                 report.acked.append(outcome)

@@ -503,53 +503,85 @@ WHERE NOT EXISTS (SELECT FROM extended WHERE extended.id = lease.id)
       WHERE job.id = lease.id AND job.lease_token = lease.token AND job.state = 'running'
   );
 
--- name: job_ack_many
--- running -> succeeded, for the leases still held: each job moves from active_jobs to
--- finished_jobs, and its queue's counters grow. Returns one row: the finish time (the
--- transaction's, shared by every ack of the statement) and the positions, counted from
--- 1 in the arrays given, of the outcomes that were refused because their lease was no
--- longer held. Nothing per acked job comes back: the worker already holds the rest of
--- each row. One batch may carry two outcomes of the same job (a stale attempt's and the
--- one that re-claimed it after a cancel and retry, or a reap); only the holder of the
--- current token is acked.
-WITH done AS (
-    -- The outcomes arrive as three texts, an id array, a token array and a JSON array
-    -- of results, zipped back into rows here: a worker sends thousands a second, and
-    -- three strings cost the client a fraction of three arrays dumped element by
-    -- element.
-    SELECT id, token, result, position
+-- name: job_finish_many
+-- What became of a batch of attempts, for the leases still held, in one statement:
+-- running -> succeeded for each result, and for each error running -> queued after the
+-- delay given, or -> dead once the job's attempts are used up. Finished jobs move from
+-- active_jobs to finished_jobs, and the queues' counters and the run-time histogram
+-- grow. The delays come from pgqueue.backoff, the one place they are worked out, and
+-- the reaper finishes expired leases through this statement too.
+--
+-- Returns one row per failed attempt written (its position in the arrays, counted
+-- from 1, and what it left: state, run_at, errors, has_dependents), or a single row of
+-- NULLs in those columns when there was none. Every row also carries the statement's
+-- time (every job it finished shares it), the positions of the outcomes refused
+-- because their lease was no longer held, and how many waiting jobs it released.
+-- Nothing else per job comes back: the worker already holds the rest of each row. One
+-- batch may carry two outcomes of the same job (a stale attempt's and the one that
+-- re-claimed it after a cancel and retry, or a reap); only the holder of the current
+-- token is written.
+WITH outcome AS (
+    -- The outcomes arrive as texts zipped back into rows here: a worker sends
+    -- thousands a second, and a few strings cost the client a fraction of arrays dumped
+    -- element by element. A batch of successes only sends NULL errors and delays,
+    -- which ROWS FROM pads out with NULLs.
+    SELECT id, token, result, error, delay, position
     FROM ROWS FROM (
         unnest(%(ids)s::bigint[]),
         unnest(%(tokens)s::uuid[]),
-        jsonb_array_elements(%(results)s::jsonb)
-    ) WITH ORDINALITY AS outcome (id, token, result, position)
+        jsonb_array_elements(%(results)s::jsonb),
+        jsonb_array_elements_text(%(errors)s::jsonb),
+        unnest(%(delays)s::float8[])
+    ) WITH ORDINALITY AS outcome (id, token, result, error, delay, position)
 ),
-acked AS (
+retried AS (
+    UPDATE {schema}.active_jobs AS job
+    SET state = 'queued',
+        run_at = now() + make_interval(secs => outcome.delay),
+        last_error = outcome.error,
+        errors = {schema}.errors_appended(job.errors, job.attempts, job.worker_id, outcome.error),
+        lease_token = NULL,
+        lease_expires_at = NULL
+    FROM outcome
+    WHERE job.id = outcome.id AND job.lease_token = outcome.token AND job.state = 'running'
+      AND outcome.error IS NOT NULL AND job.attempts < job.max_attempts
+    RETURNING job.queue, job.run_at, job.errors, job.has_dependents, outcome.position
+),
+ended AS (
     DELETE FROM {schema}.active_jobs AS job
-    USING done
-    WHERE job.id = done.id AND job.lease_token = done.token AND job.state = 'running'
-    RETURNING job.*, done.result AS outcome, done.position
+    USING outcome
+    WHERE job.id = outcome.id AND job.lease_token = outcome.token AND job.state = 'running'
+      AND (outcome.error IS NULL OR job.attempts >= job.max_attempts)
+    RETURNING job.*, outcome.result AS outcome, outcome.error AS failure, outcome.position,
+              CASE WHEN outcome.error IS NOT NULL
+                   THEN {schema}.errors_appended(job.errors, job.attempts, job.worker_id,
+                                                 outcome.error)
+              END AS errors_now
 ),
 moved AS (
-    -- The errors of earlier attempts stay in errors; last_error is for jobs that have
-    -- not succeeded.
+    -- A success keeps the errors of earlier attempts in errors, and leaves last_error
+    -- NULL: it is for jobs that have not succeeded.
     INSERT INTO {schema}.finished_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
-         timeout_seconds, worker_id, enqueued_at, started_at, finished_at, result,
-         idempotency_key, errors, trace_context, unique_key, has_dependents)
-    SELECT id, queue, task, payload, priority, 'succeeded', run_at, attempts, max_attempts,
-           timeout_seconds, worker_id, enqueued_at, started_at, now(), outcome,
-           idempotency_key, errors, trace_context, unique_key, has_dependents
-    FROM acked
+         timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
+         result, idempotency_key, errors, trace_context, unique_key, has_dependents)
+    SELECT id, queue, task, payload, priority,
+           (CASE WHEN failure IS NULL THEN 'succeeded' ELSE 'dead' END)::{schema}.job_state,
+           run_at, attempts,
+           max_attempts, timeout_seconds, worker_id, enqueued_at, started_at, now(), failure,
+           CASE WHEN failure IS NULL THEN outcome ELSE result END, idempotency_key,
+           coalesce(errors_now, errors), trace_context, unique_key, has_dependents
+    FROM ended
 ),
 run AS (
     -- The acked attempts per queue, task and claim: the jobs of one claim share their
-    -- started_at, and an ack's now() is one value, so the run time is worked out once
-    -- per claim, not once per job, and the counters and the histogram below both add
-    -- up these few rows.
+    -- started_at, and the statement's now() is one value, so the run time is worked out
+    -- once per claim, not once per job, and the counters and the histogram below both
+    -- add up these few rows.
     SELECT queue, task, count(*) AS attempts,
            greatest(0, date_part('epoch', now() - coalesce(started_at, now()))) AS seconds
-    FROM acked
+    FROM ended
+    WHERE failure IS NULL
     GROUP BY queue, task, started_at
 ),
 timed AS (
@@ -570,138 +602,68 @@ timed AS (
     SET attempts = bucket.attempts + excluded.attempts,
         seconds = bucket.seconds + excluded.seconds
 ),
-counted AS (
-    INSERT INTO {schema}.queue_counters AS counter (queue, slot, succeeded, completed)
-    SELECT queue, mod(pg_backend_pid(), 16), sum(attempts), sum(attempts)
-    FROM run GROUP BY queue ORDER BY queue
-    ON CONFLICT (queue, slot) DO UPDATE
-    SET succeeded = counter.succeeded + excluded.succeeded,
-        completed = counter.completed + excluded.completed
-)
-SELECT now() AS finished_at,
-       ARRAY(
-           SELECT position FROM done
-           WHERE position NOT IN (SELECT position FROM acked)
-           ORDER BY position
-       ) AS refused,
-       -- The waiting jobs whose last dependency this statement acked become queued
-       -- (see dependents_released). Only when an acked job has dependents, the rare
-       -- case: has_dependents is read from the row this statement deleted, which is the
-       -- latest version, so an enqueue naming one of these jobs as a dependency either
-       -- committed before (this statement waited for its row lock) or will find the job
-       -- succeeded. The function's own statement takes a new snapshot, taken after
-       -- those waits: it sees the dependency rows of the enqueues waited for.
-       CASE WHEN EXISTS (SELECT FROM acked WHERE has_dependents)
-            THEN {schema}.dependents_released(
-                     ARRAY(SELECT id FROM acked WHERE has_dependents), {channel_name})
-            ELSE 0
-       END AS released;
-
--- name: job_fail
--- running -> queued after a backoff, or -> dead (moved to finished_jobs) once the
--- attempts are used up. Each branch re-checks the lease on the row it changes, so a
--- concurrent cancel or reap wins and this changes nothing.
-WITH retried AS (
-    UPDATE {schema}.active_jobs AS job
-    SET state = 'queued',
-        run_at = now() + make_interval(secs => %(retry_delay)s),
-        last_error = %(error)s,
-        errors = {schema}.errors_appended(job.errors, job.attempts, job.worker_id, %(error)s),
-        lease_token = NULL,
-        lease_expires_at = NULL
-    WHERE job.id = %(id)s AND job.lease_token = %(token)s AND job.state = 'running'
-      AND job.attempts < job.max_attempts
-    RETURNING job.*
-),
-buried AS (
-    DELETE FROM {schema}.active_jobs AS job
-    WHERE job.id = %(id)s AND job.lease_token = %(token)s AND job.state = 'running'
-      AND job.attempts >= job.max_attempts
-    RETURNING job.*
-),
-moved AS (
-    INSERT INTO {schema}.finished_jobs
-        (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
-         timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
-         result, idempotency_key, errors, trace_context, unique_key, has_dependents)
-    SELECT id, queue, task, payload, priority, 'dead', run_at, attempts, max_attempts,
-           timeout_seconds, worker_id, enqueued_at, started_at, now(), %(error)s,
-           result, idempotency_key,
-           {schema}.errors_appended(errors, attempts, worker_id, %(error)s), trace_context,
-           unique_key, has_dependents
-    FROM buried
-    RETURNING *
+failed AS (
+    SELECT position, 'queued' AS state, run_at, errors, has_dependents, queue FROM retried
+    UNION ALL
+    SELECT position, 'dead', run_at, errors_now, has_dependents, queue
+    FROM ended WHERE failure IS NOT NULL
 ),
 counted AS (
-    INSERT INTO {schema}.queue_counters AS counter (queue, slot, dead, failures)
-    SELECT queue, mod(pg_backend_pid(), 16), count(*) FILTER (WHERE dead), count(*)
-    FROM (SELECT queue, false AS dead FROM retried
-          UNION ALL SELECT queue, true FROM moved) AS failed
-    GROUP BY queue
-    ON CONFLICT (queue, slot) DO UPDATE
-    SET dead = counter.dead + excluded.dead, failures = counter.failures + excluded.failures
-)
-SELECT * FROM retried UNION ALL SELECT * FROM moved;
-
--- name: job_reap
--- running -> queued or dead for leases that expired: the attempt counts as failed
--- and backs off like any other (delay = min(cap, base * 2^(attempt-1)), half of it
--- random, the same rule as pgqueue.backoff).
-WITH expired AS (
-    SELECT id, attempts >= max_attempts AS used_up,
-           'lease expired after ' || to_char(now() - started_at, 'HH24:MI:SS.MS')
-           || ' (worker ' || coalesce(worker_id, 'unknown') || ' stopped heartbeating)'
-           AS error
-    FROM {schema}.active_jobs
-    WHERE state = 'running' AND lease_expires_at < now()
-    ORDER BY lease_expires_at
-    LIMIT %(limit)s
-    FOR UPDATE SKIP LOCKED
-),
-retried AS (
-    UPDATE {schema}.active_jobs AS job
-    SET state = 'queued',
-        run_at = now() + make_interval(secs =>
-            least(%(cap)s::float8,
-                  %(base)s::float8 * power(2::float8, least(job.attempts - 1, 62)))
-            * (0.5 + random() / 2)),
-        last_error = expired.error,
-        errors = {schema}.errors_appended(job.errors, job.attempts, job.worker_id, expired.error),
-        lease_token = NULL,
-        lease_expires_at = NULL
-    FROM expired
-    WHERE job.id = expired.id AND NOT expired.used_up
-    RETURNING job.*
-),
-buried AS (
-    DELETE FROM {schema}.active_jobs AS job
-    USING expired
-    WHERE job.id = expired.id AND expired.used_up
-    RETURNING job.*, expired.error AS expiry
-),
-moved AS (
-    INSERT INTO {schema}.finished_jobs
-        (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
-         timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
-         result, idempotency_key, errors, trace_context, unique_key, has_dependents)
-    SELECT id, queue, task, payload, priority, 'dead', run_at, attempts, max_attempts,
-           timeout_seconds, worker_id, enqueued_at, started_at, now(), expiry,
-           result, idempotency_key,
-           {schema}.errors_appended(errors, attempts, worker_id, expiry), trace_context,
-           unique_key, has_dependents
-    FROM buried
-    RETURNING *
-),
-counted AS (
-    INSERT INTO {schema}.queue_counters AS counter (queue, slot, dead, failures)
-    SELECT queue, mod(pg_backend_pid(), 16), count(*) FILTER (WHERE dead), count(*)
-    FROM (SELECT queue, false AS dead FROM retried
-          UNION ALL SELECT queue, true FROM moved) AS failed
+    INSERT INTO {schema}.queue_counters AS counter
+        (queue, slot, succeeded, completed, dead, failures)
+    SELECT queue, mod(pg_backend_pid(), 16), sum(succeeded), sum(succeeded), sum(dead),
+           sum(failures)
+    FROM (
+        SELECT queue, attempts AS succeeded, 0 AS dead, 0 AS failures FROM run
+        UNION ALL
+        SELECT queue, 0, (state = 'dead')::int, 1 FROM failed
+    ) AS counts
     GROUP BY queue ORDER BY queue
     ON CONFLICT (queue, slot) DO UPDATE
-    SET dead = counter.dead + excluded.dead, failures = counter.failures + excluded.failures
+    SET succeeded = counter.succeeded + excluded.succeeded,
+        completed = counter.completed + excluded.completed,
+        dead = counter.dead + excluded.dead,
+        failures = counter.failures + excluded.failures
+),
+written AS (
+    SELECT now() AS written_at,
+           ARRAY(
+               SELECT position FROM outcome
+               WHERE position NOT IN (SELECT position FROM ended
+                                      UNION ALL SELECT position FROM retried)
+               ORDER BY position
+           ) AS refused,
+           -- The waiting jobs whose last dependency this statement acked become queued
+           -- (see dependents_released). Only when an acked job has dependents, the rare
+           -- case: has_dependents is read from the row this statement deleted, which is
+           -- the latest version, so an enqueue naming one of these jobs as a dependency
+           -- either committed before (this statement waited for its row lock) or will
+           -- find the job succeeded. The function's own statement takes a new snapshot,
+           -- taken after those waits: it sees the dependency rows of the enqueues waited
+           -- for. The dependents of dead jobs are cancelled by the caller, in a
+           -- statement of their own in the same transaction (see job_dependents_cancel).
+           CASE WHEN EXISTS (SELECT FROM ended WHERE failure IS NULL AND has_dependents)
+                THEN {schema}.dependents_released(
+                         ARRAY(SELECT id FROM ended WHERE failure IS NULL AND has_dependents),
+                         {channel_name})
+                ELSE 0
+           END AS released
 )
-SELECT * FROM retried UNION ALL SELECT * FROM moved;
+SELECT written.written_at, written.refused, written.released,
+       failed.position, failed.state, failed.run_at, failed.errors, failed.has_dependents
+FROM written LEFT JOIN failed ON true
+ORDER BY failed.position;
+
+-- name: job_expired_lock
+-- The running jobs whose lease expired (their worker stopped heartbeating), oldest
+-- expiry first, locked for the reaper to finish as failed attempts through
+-- job_finish_many in the same transaction. ran_for is how long each attempt had run.
+SELECT job.*, now() - job.started_at AS ran_for
+FROM {schema}.active_jobs AS job
+WHERE state = 'running' AND lease_expires_at < now()
+ORDER BY lease_expires_at
+LIMIT %(limit)s
+FOR UPDATE SKIP LOCKED;
 
 -- name: job_cancel
 -- waiting | queued | running -> cancelled, moved to finished_jobs. Taking the row out

@@ -209,7 +209,7 @@ CREATE TABLE {schema}.queue_counters (
 
 -- Run times of the attempts that succeeded, per queue and task, as the buckets of a
 -- histogram: the seconds from claim to ack on the database clock (started_at to
--- finished_at), counted by job_ack_many in the same statement, so /metrics reads a
+-- finished_at), counted by job_finish_many in the same statement, so /metrics reads a
 -- few rows per queue and task however much history is kept. le is the bucket's upper
 -- bound (see run_time_bounds; 'Infinity' for the last); attempts and seconds are that
 -- bucket's, not cumulative. Slots as in queue_counters.
@@ -327,7 +327,7 @@ $$;
 
 -- The waiting jobs that depend on the jobs in acked (just acked, by the calling
 -- statement) count them off their pending dependencies, and the ones left with none
--- become queued, waking their queues' workers on channel (see job_ack_many, the only
+-- become queued, waking their queues' workers on channel (see job_finish_many, the only
 -- caller). Returns how many became queued. Volatile, so its statement takes a new
 -- snapshot: it sees the dependency rows of an enqueue that the calling ack waited for.
 -- Two acks of a job's last two dependencies take turns on its row, and the second one
