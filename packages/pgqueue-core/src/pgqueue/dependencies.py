@@ -77,7 +77,7 @@ class JobDependencies(NamedTuple):
 
 def has_dependencies(spec: JobSpec) -> bool:
     """True for a spec that must take this module's path."""
-    return bool(spec.depends_on)
+    return bool(spec.dependencies)
 
 
 def checked(value: object) -> tuple[int | BatchItem, ...]:
@@ -100,7 +100,7 @@ def checked(value: object) -> tuple[int | BatchItem, ...]:
 def check_batch_items(specs: Sequence[JobSpec]) -> None:
     """Refuse a :class:`BatchItem` that does not name an earlier item of ``specs``."""
     for index, spec in enumerate(specs):
-        for dependency in spec.depends_on:
+        for dependency in spec.dependencies:
             if isinstance(dependency, BatchItem) and not 0 <= dependency.index < index:
                 raise ValidationError(
                     "depends_on",
@@ -123,7 +123,7 @@ def insert_with_dependencies(
     for start, group in _groups(specs):
         if has_dependencies(group[0]):
             spec = group[0]
-            ids = sorted({_resolve(dependency, results) for dependency in spec.depends_on})
+            ids = sorted({_resolve(dependency, results) for dependency in spec.dependencies})
             states = _states(cur, schema, ids, start if len(specs) > 1 else None)
             unmet = [i for i in ids if states[i] != JobState.SUCCEEDED.value]
             failed = [(i, states[i]) for i in ids if states[i] in ("dead", "cancelled")]

@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import cached_property
 from typing import Any
 
-from pgqueue import dependencies, jsonb, validation
-from pgqueue.dependencies import BatchItem
+from pgqueue import jsonb, validation
+from pgqueue.dependencies import BatchItem, checked
 from pgqueue.errors import ValidationError
 from pgqueue.job import Job, JobState
 from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
@@ -16,7 +17,11 @@ from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
 @dataclass(frozen=True)
 class JobSpec:
-    """A job to enqueue, validated on construction."""
+    """A job to enqueue, validated on construction.
+
+    What the statements take is worked out from the fields once, as the construction
+    checks them, and kept: :attr:`payload_text` and :attr:`dependencies`. The fields
+    themselves stay as given."""
 
     task: str
     payload: dict[str, Any] = field(default_factory=dict)
@@ -51,22 +56,25 @@ class JobSpec:
             validation.unique_key(self.unique_key)
         if self.timeout_seconds is not None:
             validation.seconds("timeout_seconds", self.timeout_seconds, positive=True)
-        if self.depends_on:
-            object.__setattr__(self, "depends_on", dependencies.checked(self.depends_on))
-        # Validate (and measure) the payload once; the text is what gets stored.
-        object.__setattr__(self, "_payload_text", validation.payload(self.payload))
+        # Worked out (and so checked) now, not when the job is enqueued.
+        self.dependencies  # noqa: B018
+        self.payload_text  # noqa: B018
 
     @property
     def single_statement(self) -> bool:
         """Whether enqueueing this job alone is one INSERT: no idempotency key, no unique
         key and no dependencies, each of which takes statements of its own."""
-        return self.idempotency_key is None and self.unique_key is None and not self.depends_on
+        return self.idempotency_key is None and self.unique_key is None and not self.dependencies
 
-    @property
+    @cached_property
     def payload_text(self) -> str:
         """The payload as the JSON text that is stored (validated and measured once)."""
-        text: str = self.__dict__["_payload_text"]  # set by __post_init__
-        return text
+        return validation.payload(self.payload)
+
+    @cached_property
+    def dependencies(self) -> tuple[int | BatchItem, ...]:
+        """``depends_on``, checked, each job once, in the order given."""
+        return checked(self.depends_on) if self.depends_on else ()
 
     def queued_job(
         self,
@@ -116,7 +124,7 @@ class JobSpec:
         return {
             "queue": self.queue,
             "task": self.task,
-            "payload": self._payload_text,  # type: ignore[attr-defined]
+            "payload": self.payload_text,
             "priority": self.priority,
             "run_at": self.run_at,
             "delay_seconds": self.delay_seconds or 0.0,

@@ -12,7 +12,8 @@ import threading
 import traceback
 from collections import Counter
 from collections.abc import Callable, Generator, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from importlib import metadata
 from typing import Any, cast
 
@@ -65,11 +66,14 @@ class TaskHandler:
     function: Callable[..., Any]
     timeout_seconds: float | None = None
     source: str = "explicit"
-    takes: str = field(init=False, compare=False, default=TAKES_PAYLOAD)
-    """What the handler is called with: ``"payload"``, ``"job"`` or ``"payload, job"``."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "takes", _handler_takes(self))
+        self.takes  # noqa: B018  (a signature pgqueue cannot call fails here)
+
+    @cached_property
+    def takes(self) -> str:
+        """What the handler is called with: ``"payload"``, ``"job"`` or ``"payload, job"``."""
+        return _handler_takes(self)
 
     @property
     def is_async(self) -> bool:

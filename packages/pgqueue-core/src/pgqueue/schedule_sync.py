@@ -94,7 +94,7 @@ class ScheduleSyncMethods:
         return report
 
     def _add(self, cur: psycopg.Cursor[dict[str, Any]], schedule: Schedule, now: datetime) -> None:
-        next_run_at = next_tick(schedule.cron, schedule.timezone, now)
+        next_run_at = next_tick(schedule.expression, schedule.timezone, now)
         cur.execute(
             self._sql("schedule_insert"),
             {**_definition_params(schedule), "next_run_at": next_run_at},
@@ -103,7 +103,7 @@ class ScheduleSyncMethods:
             "schedule %s added by plugin %s: %r (%s), task %s on queue %s, next run %s",
             schedule.name,
             schedule.source,
-            schedule.cron,
+            schedule.expression,
             schedule.timezone,
             schedule.task,
             schedule.queue,
@@ -130,7 +130,7 @@ class ScheduleSyncMethods:
         if enabled:
             next_run_at = row["next_run_at"]
             if retimed or next_run_at is None or not row["enabled"]:
-                next_run_at = next_tick(schedule.cron, schedule.timezone, now)
+                next_run_at = next_tick(schedule.expression, schedule.timezone, now)
         cur.execute(
             self._sql("schedule_redefine"),
             {
@@ -167,7 +167,7 @@ def _database_now(
 def _definition_params(schedule: Schedule) -> dict[str, Any]:
     return {
         "name": schedule.name,
-        "cron": schedule.cron,
+        "cron": schedule.expression,
         "timezone": schedule.timezone,
         "task": schedule.task,
         "queue": schedule.queue,

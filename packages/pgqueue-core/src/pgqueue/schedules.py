@@ -37,6 +37,7 @@ import json
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -96,17 +97,22 @@ class Schedule:
             raise ScheduleError(f"{where}: {exc}") from None
         if not isinstance(self.cron, str):
             raise ScheduleError(f"{where}: cron must be a string")
-        object.__setattr__(self, "cron", " ".join(self.cron.split()))
         try:
             zone(self.timezone)
-            next_tick(self.cron, self.timezone, datetime.now(UTC))
+            next_tick(self.expression, self.timezone, datetime.now(UTC))
         except ScheduleError as exc:
             raise ScheduleError(f"{where}: {exc}") from None
+
+    @cached_property
+    def expression(self) -> str:
+        """``cron`` with its fields one space apart, as it is stored and compared: a
+        change of spacing alone is no new definition."""
+        return " ".join(self.cron.split())
 
     def definition(self) -> dict[str, Any]:
         """The columns a sync compares with the stored row, as the row holds them."""
         return {
-            "cron": self.cron,
+            "cron": self.expression,
             "timezone": self.timezone,
             "task": self.task,
             "queue": self.queue,
