@@ -10,7 +10,8 @@ import types
 import pytest
 
 from pgqueue import Job, TaskHandler, ValidationError, hookimpl
-from pgqueue.plugins import collect_tasks, get_plugin_manager
+from pgqueue.plugins import get_plugin_manager
+from pgqueue.task_handlers import collect_tasks
 
 JOB = types.SimpleNamespace(payload={"to": "ada@example.com"})
 PAYLOAD = JOB.payload

@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 import pytest
 
 from pgqueue import Job, JobState, call_when, hookimpl
-from pgqueue.plugins import LifecycleHooks, get_plugin_manager
+from pgqueue.lifecycle_hooks import LifecycleHooks
+from pgqueue.plugins import get_plugin_manager
 
 
 @pytest.fixture

@@ -8,13 +8,9 @@ import pluggy
 import pytest
 
 from pgqueue import hookimpl, hookspecs
-from pgqueue.plugins import (
-    LifecycleHooks,
-    TaskConflict,
-    collect_tasks,
-    describe_plugins,
-    get_plugin_manager,
-)
+from pgqueue.lifecycle_hooks import LifecycleHooks
+from pgqueue.plugins import describe_plugins, get_plugin_manager
+from pgqueue.task_handlers import TaskConflict, collect_tasks
 
 LIFECYCLE_HOOKS = ["on_start", "on_success", "on_fail", "on_dead", "on_cancel", "on_retry"]
 

@@ -21,13 +21,15 @@ from pgqueue.errors import (
 from pgqueue.hookspecs import call_when, hookimpl
 from pgqueue.job import EnqueueResult, Job, JobState, Lease
 from pgqueue.job_spec import JobSpec
+from pgqueue.lifecycle_hooks import LifecycleHooks
 from pgqueue.migrations import migrate
 from pgqueue.outcomes import OutcomeBatch
-from pgqueue.plugins import LifecycleHooks, TaskHandler, collect_tasks, get_plugin_manager
+from pgqueue.plugins import get_plugin_manager
 from pgqueue.queue import JobPage, Queue
 from pgqueue.queue_control import UNSET, QueueInfo
 from pgqueue.queue_metrics import QueueStats
 from pgqueue.registry import UnservedTask, WorkerInfo, WorkerRegistration
+from pgqueue.task_handlers import TaskHandler, collect_tasks
 
 __all__ = [
     "UNSET",

@@ -18,15 +18,12 @@ import click
 import pluggy
 import psycopg
 
-from pgqueue import connections, embedded, migrations, roles
+from pgqueue import connections, migrations
 from pgqueue.dev import dev
 from pgqueue.errors import NoDatabaseConfigured, PgQueueError, error_line, first_line
-from pgqueue.job import FINISHED_STATES, JobState
-from pgqueue.plugins import BrokenPlugin, describe_plugins, get_plugin_manager, plugin_error
+from pgqueue.plugins import plugin_error
 from pgqueue.queue import Queue
 from pgqueue.settings import (
-    DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_QUEUE,
     DEFAULT_SCHEMA,
     check_schema,
     resolve_database_url,
@@ -194,8 +191,11 @@ def exit_status_help(*statuses: tuple[int | str, str]) -> str:
     return "\n".join(["\b", "Exit status:", *(f"  {code!s:<4} {what}" for code, what in statuses)])
 
 
-USAGE_STATUS = (EXIT_USAGE, "a wrong command, flag or argument")
-ERROR_STATUS = (EXIT_ERROR, "an error, said in one line (no database, schema not migrated, ...)")
+USAGE_STATUS: tuple[int, str] = (EXIT_USAGE, "a wrong command, flag or argument")
+ERROR_STATUS: tuple[int, str] = (
+    EXIT_ERROR,
+    "an error, said in one line (no database, schema not migrated, ...)",
+)
 COMMAND_EXIT_STATUSES: str = exit_status_help((EXIT_OK, "done"), ERROR_STATUS, USAGE_STATUS)
 
 
@@ -219,311 +219,6 @@ def main() -> None:
     """pgqueue: a durable, at-least-once job queue on PostgreSQL."""
 
 
-@main.command(epilog=COMMAND_EXIT_STATUSES)
-@database_options
-def migrate(database_url: str | None, schema: str) -> None:
-    """Create or upgrade the jobs table (safe to run from many processes at once)."""
-    url = resolve_url(database_url)
-    check_reachable(url)
-    applied = migrations.migrate(url, schema)
-    if applied:
-        click.echo(f"applied migrations {', '.join(map(str, applied))} to schema {schema}")
-    else:
-        click.echo(f"schema {schema} is up to date")
-
-
-@main.command(epilog=COMMAND_EXIT_STATUSES)
-@click.argument("task")
-@click.option("--payload", default="{}", show_default=True, help="Job payload, a JSON object.")
-@click.option("--queue", default=DEFAULT_QUEUE, show_default=True)
-@click.option("--priority", type=int, default=0, show_default=True, help="Higher runs first.")
-@click.option("--delay", "delay_seconds", type=float, help="Seconds before the job may run.")
-@click.option("--idempotency-key", help="Enqueue at most once per key.")
-@click.option(
-    "--unique-key", help="While a queued or running job holds this key, print that job instead."
-)
-@click.option("--max-attempts", type=int, default=DEFAULT_MAX_ATTEMPTS, show_default=True)
-@click.option("--timeout", "timeout_seconds", type=float, help="Per-attempt time limit in seconds.")
-@click.option(
-    "--depends-on",
-    "depends_on",
-    type=click.IntRange(min=1),
-    multiple=True,
-    metavar="JOB_ID",
-    help="Wait until this job has succeeded (repeatable); cancelled if it ends dead or cancelled.",
-)
-@database_options
-def enqueue(
-    task: str,
-    payload: str,
-    database_url: str | None,
-    schema: str,
-    **options: Any,
-) -> None:
-    """Enqueue one TASK and print the job as JSON.
-
-    With --depends-on, the job is waiting until those jobs have succeeded (queued at
-    once if they already have)."""
-    try:
-        body = json.loads(payload)
-        _check_utf8(json.dumps(body, ensure_ascii=False), "--payload")
-    except json.JSONDecodeError as exc:
-        raise click.BadParameter(f"not valid JSON: {exc}", param_hint="--payload") from None
-    except RecursionError:
-        raise click.BadParameter("JSON nested too deeply", param_hint="--payload") from None
-    for hint, value in (("TASK", task), ("--queue", options["queue"])):
-        _check_utf8(value, hint)
-    for name in ("idempotency_key", "unique_key"):
-        if options[name] is not None:
-            _check_utf8(options[name], f"--{name.replace('_', '-')}")
-    with open_queue(database_url, schema) as queue:
-        outcome = queue.enqueue(task, body, **options)
-    _echo_json({"created": outcome.created, "job": outcome.job.to_dict()})
-
-
-def _check_utf8(text: str, param_hint: str) -> None:
-    # Arguments that are not UTF-8 reach Python as lone surrogates (as do "\ud800"
-    # escapes in JSON), which neither psycopg nor PostgreSQL accept: a usage error here,
-    # before the database, rather than a traceback from the driver.
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise click.BadParameter(
-            "is not valid UTF-8 (a lone surrogate or bytes of another encoding)",
-            param_hint=param_hint,
-        ) from None
-
-
-@main.command(epilog=COMMAND_EXIT_STATUSES)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
-@database_options
-def status(database_url: str | None, schema: str, as_json: bool) -> None:
-    """Counts of jobs per queue and state.
-
-    The unserved column counts queued jobs whose task no live worker serves in their
-    queue, as the worker registry shows it (a misspelt task name, a queue nobody
-    serves). The tasks are listed below the table. `pgqueue queue list` shows the
-    queues' settings, `pgqueue workers` the workers."""
-    with open_queue(database_url, schema) as queue:
-        stats = queue.stats()
-    if as_json:
-        _echo_json([s.__dict__ for s in stats])
-        return
-    states = [s.value for s in JobState]
-    header = ["queue", *states, "oldest runnable", "unserved"]
-    rows = [
-        [
-            s.queue,
-            *(str(s.counts[state]) for state in states),
-            "-"
-            if s.oldest_runnable_age_seconds is None
-            else f"{s.oldest_runnable_age_seconds:.1f}s",
-            str(sum(s.unserved.values())),
-        ]
-        for s in stats
-    ]
-    if not rows:
-        click.echo(f"no jobs in schema {schema}")
-        return
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for row in [header, *rows]:
-        click.echo(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip()
-        )
-    unserved = [(s.queue, task, jobs) for s in stats for task, jobs in s.unserved.items()]
-    if unserved:
-        click.echo("")
-        for queue_name, task, jobs in unserved:
-            click.echo(
-                f"unserved: {jobs} {task!r} jobs in queue {queue_name!r}, and no live worker "
-                f"serves task {task!r} in that queue"
-            )
-
-
-@main.command("job", epilog=COMMAND_EXIT_STATUSES)
-@click.argument("job_id", type=int)
-@database_options
-def show_job(job_id: int, database_url: str | None, schema: str) -> None:
-    """Show one job as JSON, with the errors of its failed attempts (the latest 20), the
-    ids of the jobs it depends on (depends_on) and of those that depend on it
-    (dependents)."""
-    with open_queue(database_url, schema) as queue:
-        job = queue.get(job_id)
-        dependencies = queue.dependencies(job_id)
-    _echo_json(
-        {
-            **job.to_dict(),
-            "depends_on": dependencies.depends_on,
-            "dependents": dependencies.dependents,
-        }
-    )
-
-
-@main.command(epilog=COMMAND_EXIT_STATUSES)
-@click.argument("job_id", type=int)
-@database_options
-def cancel(job_id: int, database_url: str | None, schema: str) -> None:
-    """Cancel a waiting, queued or running job, and the jobs waiting for it."""
-    with open_queue(database_url, schema) as queue:
-        job = queue.cancel(job_id)
-    click.echo(f"job {job.id} cancelled")
-
-
-@main.command(epilog=COMMAND_EXIT_STATUSES)
-@click.argument("job_id", type=int)
-@database_options
-def retry(job_id: int, database_url: str | None, schema: str) -> None:
-    """Put a dead or cancelled job back to queued."""
-    with open_queue(database_url, schema) as queue:
-        job = queue.retry(job_id)
-    click.echo(f"job {job.id} queued again")
-
-
-@main.command(epilog=COMMAND_EXIT_STATUSES)
-@click.option(
-    "--older-than",
-    required=True,
-    help="Age since the job finished, like 7d, 12h or 30m.",
-)
-@click.option(
-    "--state",
-    "states",
-    multiple=True,
-    type=click.Choice([s.value for s in FINISHED_STATES]),
-    help="Finished state to prune (repeatable). Default: all finished states.",
-)
-@click.option("--batch-size", type=click.IntRange(1, 100_000), default=1000, show_default=True)
-@database_options
-def prune(
-    older_than: str, states: tuple[str, ...], batch_size: int, database_url: str | None, schema: str
-) -> None:
-    """Delete finished jobs, in small batches."""
-    seconds = parse_duration(older_than)
-    with open_queue(database_url, schema) as queue:
-        deleted = queue.prune(seconds, states or FINISHED_STATES, batch_size=batch_size)
-    click.echo(f"pruned {deleted} jobs")
-
-
-@main.command(
-    epilog=exit_status_help(
-        (EXIT_OK, "every installed plugin loaded"),
-        (EXIT_ERROR, "a plugin failed to load (listed with its entry point and error)"),
-        USAGE_STATUS,
-    )
-)
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-def plugins(as_json: bool) -> None:
-    """Installed plugins, with their versions, tasks and hooks.
-
-    A plugin that fails to load is listed with its entry point and error after the
-    others, and the command then exits with status 1.
-    """
-    broken: list[BrokenPlugin] = []
-    infos = describe_plugins(get_plugin_manager(broken=broken))
-    if as_json:
-        _echo_json([info.__dict__ for info in infos] + [b.__dict__ for b in broken])
-    else:
-        for info in infos:
-            version = f" {info.version}" if info.version else " (built in)"
-            click.echo(f"{info.name}{version}")
-            click.echo(f"  tasks: {', '.join(info.tasks) or '-'}")
-            click.echo(f"  hooks: {', '.join(info.hooks) or '-'}")
-        for plugin in broken:
-            version = f" {plugin.version}" if plugin.version else ""
-            click.echo(f"{plugin.name}{version} (failed to load)")
-            click.echo(f"  entry point: {plugin.entry_point}")
-            click.echo(f"  error: {plugin.error}")
-    if broken:
-        names = ", ".join(plugin.name for plugin in broken)
-        raise click.ClickException(f"{len(broken)} plugin(s) failed to load: {names}")
-
-
-@main.group(epilog=COMMAND_EXIT_STATUSES)
-def db() -> None:
-    """The embedded PostgreSQL of this project (needs pgqueue-core[local]).
-
-    Its data directory is PGQUEUE_PGDATA if set; otherwise, from the current directory
-    upwards, the nearest .pgdata inside the project, else .pgdata at the project's root
-    (the nearest directory holding .git, else pyproject.toml); outside any project,
-    ./.pgdata. `pgqueue db status` shows which, and why.
-    """
-
-
-@db.command(
-    "start",
-    epilog=exit_status_help(
-        (EXIT_OK, "running, migrated, its URL printed"),
-        (EXIT_ERROR, "it could not start, said in one line"),
-        USAGE_STATUS,
-    ),
-)
-def db_start() -> None:
-    """Start the embedded PostgreSQL, apply migrations, and print its URL."""
-    url = embedded.start()
-    migrations.migrate(url, DEFAULT_SCHEMA)
-    click.echo(url)
-
-
-@db.command(
-    "stop",
-    epilog=exit_status_help(
-        (EXIT_OK, "stopped, or it was not running"),
-        (EXIT_ERROR, "an error, said in one line"),
-        USAGE_STATUS,
-    ),
-)
-def db_stop() -> None:
-    """Stop the embedded PostgreSQL."""
-    if embedded.stop():
-        click.echo("embedded PostgreSQL stopped")
-    else:
-        click.echo("embedded PostgreSQL was not running")
-
-
-@db.command(
-    "url",
-    epilog=exit_status_help(
-        (EXIT_OK, "its URL printed"),
-        (EXIT_ERROR, "it is not running (`pgqueue db start` starts it)"),
-        USAGE_STATUS,
-    ),
-)
-def db_url() -> None:
-    """Print the embedded PostgreSQL's URL (it must be running)."""
-    url = embedded.running_url()
-    if url is None:
-        raise click.ClickException(
-            f"the embedded PostgreSQL in {embedded.locate().path} is not running: "
-            "run `pgqueue db start`"
-        )
-    click.echo(url)
-
-
-@db.command(
-    "status",
-    epilog=exit_status_help(
-        (EXIT_OK, "running"),
-        (EXIT_ERROR, "an error, said in one line"),
-        USAGE_STATUS,
-        (EXIT_NOT_RUNNING, "not running (as `pg_ctl status` says it)"),
-    ),
-)
-def db_status() -> None:
-    """Where the embedded PostgreSQL keeps its data, why there, and whether it runs."""
-    location = embedded.locate()
-    click.echo(f"data directory: {location.path} ({location.reason})")
-    url = embedded.running_url(location.path)
-    if url is not None:
-        click.echo(f"running: {url}")
-        return
-    version = embedded.initialised_version(location.path)
-    if version is None:
-        click.echo("not running: no cluster there yet (`pgqueue db start` creates one)")
-    else:
-        click.echo(f"not running: a PostgreSQL {version} cluster (`pgqueue db start` starts it)")
-    raise click.exceptions.Exit(EXIT_NOT_RUNNING)
-
-
 # `pgqueue dev` stops its children when it stops: its status is theirs when one of them
 # ended it (dev.py cannot import this module, which imports it).
 dev.epilog = exit_status_help(
@@ -536,39 +231,27 @@ dev.epilog = exit_status_help(
 )
 main.add_command(dev)
 
-
-@click.group("roles", epilog=COMMAND_EXIT_STATUSES)
-def roles_group() -> None:
-    """Least-privilege PostgreSQL roles for a schema (see docs/roles.md)."""
-
-
-@roles_group.command("grant", epilog=COMMAND_EXIT_STATUSES)
-@database_options
-def roles_grant(database_url: str | None, schema: str) -> None:
-    """Create the schema's NOLOGIN group roles if missing (<schema>_producer, _worker,
-    _operator, _owner) and grant each exactly what it needs. Run as a superuser, after
-    `pgqueue migrate`, and again after every upgrade."""
-    url = resolve_url(database_url)
-    check_schema(schema)
-    check_reachable(url)
-    try:
-        granted = roles.grant_roles(url, schema)
-    except psycopg.Error as exc:
-        raise click.ClickException(f"cannot grant the roles: {error_line(exc)}") from None
-    for kind in ("producer", "worker", "operator", "owner"):
-        click.echo(f"{kind}: {getattr(granted, kind)}")
-
-
-main.add_command(roles_group)
-
-# The operator's commands, in a module of their own (it imports this one).
+# The commands live in modules of their own, by what they are for (each imports this
+# one for the shared options and helpers above).
+from pgqueue.cli_jobs import cancel, enqueue, prune, retry, show_job, status  # noqa: E402
 from pgqueue.cli_operating import queue_group, workers  # noqa: E402
-
-main.add_command(workers)
-main.add_command(queue_group)
-
-# The schedule commands, likewise.
 from pgqueue.cli_schedules import schedule_group, schedules  # noqa: E402
+from pgqueue.cli_setup import db, migrate, plugins, roles_group  # noqa: E402
 
-main.add_command(schedules)
-main.add_command(schedule_group)
+for command in (
+    migrate,
+    enqueue,
+    status,
+    show_job,
+    cancel,
+    retry,
+    prune,
+    plugins,
+    db,
+    roles_group,
+    workers,
+    queue_group,
+    schedules,
+    schedule_group,
+):
+    main.add_command(command)

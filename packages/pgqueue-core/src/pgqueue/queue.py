@@ -2,7 +2,7 @@
 
 Every state transition is one statement in its own short transaction, guarded by the
 state it leaves and, for a worker's outcome, by the lease token it was claimed with.
-Lifecycle hooks, when a :class:`~pgqueue.plugins.LifecycleHooks` is given, run after
+Lifecycle hooks, when a :class:`~pgqueue.lifecycle_hooks.LifecycleHooks` is given, run after
 that transaction has committed.
 
 Queue is one object made of parts, one module each, all on
