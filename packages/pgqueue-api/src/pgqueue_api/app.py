@@ -19,12 +19,14 @@ from pgqueue_api.docs import ASSETS_PATH, install_docs
 from pgqueue_api.errors import install_error_handlers
 from pgqueue_api.logs import RequestIdMiddleware
 from pgqueue_api.metrics import metrics_registry
+from pgqueue_api.responses import (
+    ErrorResponse,
+)
 from pgqueue_api.routes_jobs import router as jobs_router
 from pgqueue_api.routes_ops import health_router, metrics_router, queues_router
 from pgqueue_api.routes_queues import router as queue_control_router
 from pgqueue_api.routes_schedules import router as schedules_router
 from pgqueue_api.routes_workers import router as workers_router
-from pgqueue_api.schemas import ErrorResponse
 from pgqueue_api.settings import ApiSettings
 
 log = logging.getLogger("pgqueue.api")

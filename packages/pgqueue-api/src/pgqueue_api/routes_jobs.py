@@ -32,26 +32,28 @@ from pgqueue import (
     validation,
 )
 from pgqueue import Job as StoredJob
-from pgqueue_api import schemas
+from pgqueue_api import responses
 from pgqueue_api.errors import conflict_response
 from pgqueue_api.logs import note_job
-from pgqueue_api.schemas import (
+from pgqueue_api.responses import (
     IDEMPOTENCY_CONFLICT,
     INVALID,
-    JOB_ID_MAX,
     NOT_FOUND,
     TOO_LARGE,
     UNAVAILABLE,
     BatchCreated,
-    BatchJobCreate,
-    EarlierItem,
     ErrorResponse,
-    JobBatchCreate,
-    JobCreate,
-    JobFilter,
     JobPage,
     job_body,
     job_detail_body,
+)
+from pgqueue_api.schemas import (
+    JOB_ID_MAX,
+    BatchJobCreate,
+    EarlierItem,
+    JobBatchCreate,
+    JobCreate,
+    JobFilter,
 )
 from pgqueue_api.strict_json import StrictJSONRoute
 from pgqueue_api.unserved import refuse_unserved
@@ -164,12 +166,12 @@ def _job_response(action: Callable[[int], StoredJob], job_id: int) -> Response:
 @router.post(
     "/jobs",
     status_code=201,
-    response_model=schemas.Job,
+    response_model=responses.Job,
     summary="Enqueue a job",
     responses={
         201: {"description": "The job was created.", "links": job_links("")},
         200: {
-            "model": schemas.Job,
+            "model": responses.Job,
             "description": (
                 "The idempotency key belongs to this job, which has the same task, queue "
                 "and payload; or this queued or running job holds the unique key."
@@ -291,7 +293,7 @@ def _list_jobs(queue: Queue, filters: JobFilter) -> Response:
 
 @router.get(
     "/jobs/{job_id}",
-    response_model=schemas.JobDetail,
+    response_model=responses.JobDetail,
     summary="Get a job",
     responses={200: {"links": job_links("")}, **NOT_FOUND, **INVALID, **UNAVAILABLE},
 )
@@ -309,7 +311,7 @@ def _job_detail(queue: Queue, job_id: int) -> Response:
 
 @router.post(
     "/jobs/{job_id}/cancel",
-    response_model=schemas.Job,
+    response_model=responses.Job,
     summary="Cancel a job",
     responses={
         200: {"links": job_links("")},
@@ -329,7 +331,7 @@ async def cancel_job(job_id: JobId, queue: QueueDep) -> Response:
 
 @router.post(
     "/jobs/{job_id}/retry",
-    response_model=schemas.Job,
+    response_model=responses.Job,
     summary="Retry a job",
     responses={
         200: {"links": job_links("")},

@@ -15,8 +15,13 @@ from starlette.concurrency import run_in_threadpool
 from pgqueue import DatabaseUnavailable, Queue, QueueStats
 from pgqueue_api.errors import RETRY_AFTER_SECONDS, warn_unavailable
 from pgqueue_api.metrics import CONTENT_TYPE, render
+from pgqueue_api.responses import (
+    UNAVAILABLE,
+    Health,
+    QueueList,
+    QueueSummary,
+)
 from pgqueue_api.routes_jobs import QueueDep, queue_links
-from pgqueue_api.schemas import UNAVAILABLE, Health, QueueList, QueueSummary
 from pgqueue_api.strict_json import StrictJSONRoute
 
 HEALTH_CHECKS_AT_ONCE = 4

@@ -17,8 +17,17 @@ from starlette.concurrency import run_in_threadpool
 from pgqueue import UNSET, QueueInfo, QueueNotFound, validation
 from pgqueue.queue_control import CONCURRENCY_LIMIT_MAX, RATE_LIMIT_MAX
 from pgqueue_api.errors import error_response
+from pgqueue_api.responses import (
+    INVALID,
+    UNAVAILABLE,
+    ErrorResponse,
+)
 from pgqueue_api.routes_jobs import QueueDep, json_response, queue_links
-from pgqueue_api.schemas import INVALID, NAME_RULES, UNAVAILABLE, ErrorResponse, _Request, _Response
+from pgqueue_api.schemas import (
+    NAME_RULES,
+    RequestBody,
+    ResponseBody,
+)
 from pgqueue_api.strict_json import StrictJSONRoute
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["operations"])
@@ -41,7 +50,7 @@ QUEUE_NOT_FOUND: dict[int | str, dict[str, Any]] = {
 }
 
 
-class QueueUpdate(_Request):
+class QueueUpdate(RequestBody):
     """Settings to change; those left out stay as they are."""
 
     paused: StrictBool = Field(
@@ -64,7 +73,7 @@ class QueueUpdate(_Request):
     )
 
 
-class QueueSettings(_Response):
+class QueueSettings(ResponseBody):
     """A queue's settings."""
 
     queue: str = Field(description="The queue's name.")

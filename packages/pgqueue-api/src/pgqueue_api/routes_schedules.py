@@ -13,8 +13,16 @@ from starlette.concurrency import run_in_threadpool
 from pgqueue import Queue
 from pgqueue.schedules import ScheduleInfo, ScheduleNotFound
 from pgqueue_api.errors import error_response
+from pgqueue_api.responses import (
+    INVALID,
+    UNAVAILABLE,
+    ErrorResponse,
+)
 from pgqueue_api.routes_jobs import QueueDep, json_response
-from pgqueue_api.schemas import INVALID, UNAVAILABLE, ErrorResponse, _Request, _Response
+from pgqueue_api.schemas import (
+    RequestBody,
+    ResponseBody,
+)
 from pgqueue_api.strict_json import StrictJSONRoute
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["schedules"])
@@ -22,7 +30,7 @@ router = APIRouter(route_class=StrictJSONRoute, tags=["schedules"])
 ScheduleName = Annotated[str, Path(min_length=1, max_length=255, description="Its name.")]
 
 
-class ScheduleSummary(_Response):
+class ScheduleSummary(ResponseBody):
     """One schedule."""
 
     name: str = Field(description="Its name, unique across plugins.")
@@ -50,13 +58,13 @@ class ScheduleSummary(_Response):
     updated_at: datetime = Field(description="When its definition or switch last changed.")
 
 
-class ScheduleList(_Response):
+class ScheduleList(ResponseBody):
     """Every schedule."""
 
     schedules: list[ScheduleSummary] = Field(description="By name.")
 
 
-class ScheduleUpdate(_Request):
+class ScheduleUpdate(RequestBody):
     """The switch."""
 
     enabled: StrictBool = Field(description="Enable (true) or disable (false) it.")

@@ -9,14 +9,19 @@ from pydantic import Field
 from starlette.concurrency import run_in_threadpool
 
 from pgqueue import Queue
+from pgqueue_api.responses import (
+    UNAVAILABLE,
+)
 from pgqueue_api.routes_jobs import QueueDep, json_response
-from pgqueue_api.schemas import UNAVAILABLE, _Response
+from pgqueue_api.schemas import (
+    ResponseBody,
+)
 from pgqueue_api.strict_json import StrictJSONRoute
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["operations"])
 
 
-class WorkerSummary(_Response):
+class WorkerSummary(ResponseBody):
     """One live worker."""
 
     id: str = Field(description="The worker's id (host:pid:nonce).")
@@ -33,7 +38,7 @@ class WorkerSummary(_Response):
     )
 
 
-class WorkerList(_Response):
+class WorkerList(ResponseBody):
     """Every live worker."""
 
     workers: list[WorkerSummary] = Field(description="By host and pid.")

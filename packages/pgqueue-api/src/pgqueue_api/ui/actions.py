@@ -14,7 +14,9 @@ from starlette.datastructures import FormData
 from starlette.responses import RedirectResponse, Response
 
 from pgqueue import InvalidTransition, Job, JobNotFound, Queue
-from pgqueue_api.schemas import JOB_ID_MAX
+from pgqueue_api.schemas import (
+    JOB_ID_MAX,
+)
 from pgqueue_api.settings import ApiSettings
 from pgqueue_api.ui import security
 from pgqueue_api.ui.common import queue_of, render, require_session

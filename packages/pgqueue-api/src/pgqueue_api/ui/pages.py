@@ -15,7 +15,9 @@ from pgqueue import Job, JobDependencies, JobNotFound, Queue, ValidationError, W
 from pgqueue.queue import JobPage
 from pgqueue.queue_metrics import QueueStats
 from pgqueue.schedules import ScheduleInfo
-from pgqueue_api.schemas import JOB_ID_MAX
+from pgqueue_api.schemas import (
+    JOB_ID_MAX,
+)
 from pgqueue_api.ui import views
 from pgqueue_api.ui.common import queue_controls, queue_of, render, require_session
 from pgqueue_api.ui.finished import FinishedHistory
