@@ -28,26 +28,21 @@ import time
 from collections import Counter
 from collections.abc import Collection, Mapping
 from contextlib import suppress
-from itertools import chain
 from typing import Any
 
-from pgqueue import DatabaseUnavailable, Job, Lease, Queue, TaskHandler, ValidationError
+from pgqueue import DatabaseUnavailable, Lease, Queue, TaskHandler, ValidationError
 from pgqueue.claiming import CLAIM_MODES, default_worker_id
 from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE, notify_channel
 from pgqueue_worker import connections
+from pgqueue_worker.claim_policy import ClaimPolicy
 from pgqueue_worker.claims import Claimer, ClaimResult
 from pgqueue_worker.executor import Attempt, Executor
 from pgqueue_worker.handlers import HandlerLike, as_task_handlers
 from pgqueue_worker.heartbeat import Heartbeat
-from pgqueue_worker.leases import LeaseSet
+from pgqueue_worker.in_flight import InFlightAttempts
 from pgqueue_worker.metrics import WorkerMetrics
-from pgqueue_worker.outage import (
-    Backoff,
-    DatabaseHealth,
-    discard_broken_connections,
-    why_unavailable,
-)
-from pgqueue_worker.outcomes import Outcome, OutcomeWriter, WriteReport
+from pgqueue_worker.outage import DatabaseHealth, discard_broken_connections, why_unavailable
+from pgqueue_worker.outcomes import OutcomeWriter, WriteReport
 from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Pruner, Retention
 from pgqueue_worker.reaper import Reaper
 from pgqueue_worker.registration import deregister, register, registration
@@ -184,14 +179,16 @@ class Worker:
         and database_errors (claim-loop rounds the database refused)."""
 
         # Inspecting a handler costs more than running a no-op job.
-        self._is_async = {name: h.is_async for name, h in self.handlers.items()}
-        # The kinds of slot this worker's handlers need, each claimed for on its own. In
-        # claim order: the one claimed for last moves to the end (see _write_and_claim).
-        plain = SlotKind("plain", [t for t in self.tasks if not self._is_async[t]], concurrency)
-        coroutines = SlotKind(
-            "async", [t for t in self.tasks if self._is_async[t]], async_concurrency
+        is_async = {name: h.is_async for name, h in self.handlers.items()}
+        # The kinds of slot this worker's handlers need, each claimed for on its own.
+        plain = SlotKind("plain", [t for t in self.tasks if not is_async[t]], concurrency)
+        coroutines = SlotKind("async", [t for t in self.tasks if is_async[t]], async_concurrency)
+        self._claim_policy = ClaimPolicy(
+            [kind for kind in (plain, coroutines) if kind.tasks],
+            prefetch=prefetch,
+            poll_interval=poll_interval,
+            burst=burst,
         )
-        self._kinds = [kind for kind in (plain, coroutines) if kind.tasks]
         # By is_async, for the per-job bookkeeping.
         self._kind_of = (plain, coroutines)
 
@@ -207,24 +204,10 @@ class Worker:
         self._reports: queue_module.SimpleQueue[WriteReport] = queue_module.SimpleQueue()
         self._claims: queue_module.SimpleQueue[ClaimResult] = queue_module.SimpleQueue()
         self._stop_requested = False
-        # Set by notifications: every kind is due for a claim (a plain flag, read each round).
-        self._claim_due = True
 
         self._health = DatabaseHealth(probe=lambda: why_unavailable(self.queue))
-        self._backoff = Backoff()
-        self._retry_at = 0.0  # during an outage, no claim before this (monotonic)
-        # Jobs asked of the claimer and not yet received (0: no claim in progress), and
-        # the kind they were asked for.
-        self._claiming = 0
-        self._claiming_kind: SlotKind | None = None
-        self._leases = LeaseSet()
-        self._attempts: dict[Lease, Attempt] = {}
-        # Outcomes not yet written, by lease; the unsent ones are also in _unsent until
-        # the next round hands them to the writer.
-        self._pending: dict[Lease, Outcome] = {}
-        self._unsent: list[Outcome] = []
+        self._in_flight = InFlightAttempts(self.handlers, is_async, self.counts)
         self._busy = 0  # of every kind (each kind counts its own too)
-        self._timed = 0  # attempts in _attempts with a time limit
         self._started = False
         self.metrics = metrics
         """This worker's Prometheus metrics, if it keeps them (see
@@ -294,13 +277,13 @@ class Worker:
             self.worker_id,
             self.queues,
             self.tasks,
-            concurrency=sum(kind.size for kind in self._kinds),
+            concurrency=sum(kind.size for kind in self._claim_policy.kinds),
             heartbeat_seconds=self.heartbeat_seconds,
         )
         register(self.queue, me)
         heartbeat = Heartbeat(
             heartbeat_queue,
-            self._leases,
+            self._in_flight.leases,
             interval=self.heartbeat_seconds,
             lease_seconds=self.lease_seconds,
             health=self._health,
@@ -379,6 +362,8 @@ class Worker:
 
     def _serve(self, executor: Executor, claimer: Claimer, writer: OutcomeWriter) -> bool:
         stop_deadline: float | None = None
+        claim_policy = self._claim_policy
+        in_flight = self._in_flight
         while True:
             # Clear first, then allow new wake-ups. The other order loses one: a sender
             # between the two would set the flag, have its byte drained by the clear,
@@ -401,11 +386,11 @@ class Worker:
                         self._busy,
                     )
                 # A claim in progress is waited for: its jobs are this worker's to run.
-                if self._busy == 0 and not self._pending and not self._claiming:
+                if self._busy == 0 and not in_flight.pending and not claim_policy.claiming:
                     log.info("stopped cleanly")
                     return True
                 if now >= stop_deadline:
-                    running = [a for a in self._attempts.values() if not a.returned]
+                    running = in_flight.running()
                     log.warning(
                         "shutdown timeout: leaving %d running jobs (%s) to their leases",
                         self._busy,
@@ -418,10 +403,9 @@ class Worker:
 
             if (
                 self.burst
-                and all(kind.found_nothing for kind in self._kinds)
-                and not self._claiming
+                and claim_policy.found_nothing()
                 and self._busy == 0
-                and not self._pending
+                and not in_flight.pending
                 and self._reaped_before_exit()
             ):
                 log.info("burst: no runnable job left for this worker; exiting")
@@ -452,34 +436,16 @@ class Worker:
                 break
             self._take_in_claim(executor, claim)
 
+        in_flight = self._in_flight
+        returned = in_flight.returned
         while True:
             try:
                 attempt, result, error = self._finished.get_nowait()
             except queue_module.Empty:
                 break
-            attempt.returned = True
             self._busy -= 1
             self._kind_of[attempt.is_async].returned(attempt.ran_for)
-            if attempt.abandoned is not None:
-                log.info(
-                    "job %s attempt %s returned after it was %s; outcome discarded",
-                    attempt.job.id,
-                    attempt.job.attempts,
-                    attempt.abandoned,
-                    extra=_job_fields(attempt.job),
-                )
-                self._forget_if_done(attempt)
-                continue
-            if error is not None:
-                log.info(
-                    "job %s %s attempt %s raised",
-                    attempt.job.id,
-                    attempt.job.task,
-                    attempt.job.attempts,
-                    exc_info=error,
-                    extra=_job_fields(attempt.job),
-                )
-            self._wait_to_write(Outcome(attempt, result, error))
+            returned(attempt, result, error)
 
         while True:
             try:
@@ -487,26 +453,16 @@ class Worker:
             except queue_module.Empty:
                 break
             for lease in lost:
-                self._lease_lost(executor, lease, "reported lost by the heartbeat")
+                in_flight.lease_lost(executor, lease, "reported lost by the heartbeat")
 
         while True:
             try:
                 report = self._reports.get_nowait()
             except queue_module.Empty:
                 break
-            self._take_in(report)
+            in_flight.take_in(report)
 
-        for _, attempt in list(self._timed_attempts()):
-            if (
-                attempt.deadline is not None
-                and now >= attempt.deadline
-                and not attempt.returned
-                and attempt.abandoned is None
-            ):
-                attempt.abandoned = f"timed out after {attempt.timeout_seconds:g} s"
-                self.counts["timed_out"] += 1
-                self._wait_to_write(Outcome(attempt, error=attempt.abandoned))
-                executor.cancel(attempt)
+        in_flight.time_out(now, executor)
 
     def _reaped_before_exit(self) -> bool:
         """Before a burst worker concludes that nothing is left, it reaps: a job whose
@@ -523,211 +479,72 @@ class Worker:
             self._health.failed("burst reap", exc)
             discard_broken_connections(self.queue)
             reaped = None
-            self._retry_at = time.monotonic() + self._backoff.next()
+            self._claim_policy.back_off()
         if reaped == []:
             return True
         if reaped is None:
             # Another worker holds the reaper lock, reaping right now: look again shortly.
-            self._retry_at = max(self._retry_at, time.monotonic() + BURST_REAP_RECHECK_SECONDS)
+            self._claim_policy.recheck_after(BURST_REAP_RECHECK_SECONDS)
         else:
             log.info(
                 "burst: reaped %d jobs whose lease expired: %s",
                 len(reaped),
                 ", ".join(f"{job.id} ({job.state.value})" for job in reaped[:20]),
             )
-        for kind in self._kinds:
-            kind.found_nothing = False
+        self._claim_policy.look_again()
         return False
 
     def _write_and_claim(self, claimer: Claimer, writer: OutcomeWriter, now: float) -> None:
         """Hand the outcomes waiting to be written to the writer and, with room and
         reason to, ask the claimer for more jobs."""
-        if self._unsent:
-            # Skipping any whose lease the heartbeat found lost since.
-            sending = [o for o in self._unsent if self._pending.get(o.lease) is o]
-            for outcome in sending:
-                outcome.sent = True
-            writer.submit(sending)
-            self._unsent = []
-
-        if self._claiming or now < self._retry_at:
-            return
-        if self._claim_due:
-            # Taken down before the claim: a notification that arrives meanwhile sets it
-            # again, so a job committed just after the claim's snapshot is not missed.
-            self._claim_due = False
-            for kind in self._kinds:
-                kind.claim_due = True
-        kinds = self._kinds
-        for index, kind in enumerate(kinds):
-            limit = kind.claim_limit(self.prefetch)
-            if not self._should_claim(now, kind, limit):
-                continue
-            kind.claiming(now)
-            self._claiming = limit
-            self._claiming_kind = kind
-            if len(kinds) > 1:
-                # The other kind goes first next time: while both have jobs and room,
-                # claims take turns, and neither kind waits behind the other's.
-                kinds.append(kinds.pop(index))
+        if self._in_flight.unsent:
+            writer.submit(self._in_flight.take_unsent())
+        claim = self._claim_policy.next_claim(
+            now, stopping=self._stop_requested, idle=self._busy == 0
+        )
+        if claim is not None:
+            kind, limit = claim
             claimer.request(limit, kind.tasks)
-            return
 
     def _take_in_claim(self, executor: Executor, claim: ClaimResult) -> None:
         """Start the jobs of a claim, and work out when to claim again."""
-        kind = self._claiming_kind
-        assert kind is not None
-        self._claiming = 0
-        self._claiming_kind = None
+        kind = self._claim_policy.claim_returned()
         error = claim.error
         if error is not None:
-            kind.found_nothing = False
             if isinstance(error, DatabaseUnavailable):
                 self.counts["database_errors"] += 1
                 self._health.failed("claim loop", error)
                 discard_broken_connections(self.queue)
             else:
                 log.error("claim loop error; retrying with backoff", exc_info=error)
-            self._retry_at = time.monotonic() + self._backoff.next()
+            self._claim_policy.claim_failed(kind)
             return
-        self._backoff.reset()
-        self._retry_at = 0.0
         self._health.succeeded()
         jobs = claim.jobs
-        # An empty claim ends a burst only when nothing runs: a running job may yet fail
-        # and be due again, or enqueue a job of either kind, so an idle burst worker
-        # looks once more for each kind (_should_claim).
-        if jobs:
-            for each in self._kinds:
-                each.found_nothing = False
-        else:
-            kind.found_nothing = self._busy == 0
-        self._dispatch(executor, kind, jobs)
-        kind.claimed(
-            len(jobs), claim.limit, claim.next_run_seconds, self.poll_interval, time.monotonic()
-        )
-
-    def _should_claim(self, now: float, kind: SlotKind, free: int) -> bool:
-        if self._stop_requested or free < 1:
-            return False
-        # In burst mode an idle worker looks once more before it concludes it is done.
-        return kind.due(now, self.poll_interval) or (self.burst and self._busy == 0)
-
-    def _dispatch(self, executor: Executor, kind: SlotKind, jobs: list[Job]) -> None:
-        attempts = []
-        for job in jobs:
-            handler = self.handlers[job.task]
-            timeout = job.timeout_seconds or handler.timeout_seconds
-            attempt = Attempt(
-                job=job,
-                lease=_lease(job),
-                handler=handler,
-                is_async=self._is_async[job.task],
-                timeout_seconds=timeout,
-            )
-            self._attempts[attempt.lease] = attempt
-            if timeout:
-                self._timed += 1
-            attempts.append(attempt)
-        # Held before any handler runs, so that the heartbeat covers every claimed job.
-        self._leases.add([attempt.lease for attempt in attempts])
+        attempts = self._in_flight.open(jobs)
         self._busy += len(attempts)
         kind.started(len(attempts))
         executor.submit_many(attempts)
+        self._claim_policy.claimed(
+            kind, len(jobs), claim.limit, claim.next_run_seconds, idle=self._busy == 0
+        )
 
     def _sleep_seconds(self, now: float, stop_deadline: float | None) -> float:
         """How long the claim loop may sleep before something needs it (other threads,
         the claimer among them, wake it earlier through the wake signal)."""
-        if self._stop_requested and self._busy == 0 and not self._pending and not self._claiming:
+        if (
+            self._stop_requested
+            and self._busy == 0
+            and not self._in_flight.pending
+            and not self._claim_policy.claiming
+        ):
             return 0.0  # the last outcome is written: time to go
-        wake_at = [now + MAX_SLEEP_SECONDS]
-        retry_at = self._retry_at
-        if stop_deadline is not None:
-            wake_at.append(stop_deadline)
-        elif not self._claiming:
-            for kind in self._kinds:
-                if kind.claim_limit(self.prefetch) > 0:
-                    wake_at.extend(kind.wake_times(retry_at, self.poll_interval))
-        for _, attempt in self._timed_attempts():
-            # An attempt waiting for a slot has no deadline yet: its start wakes the loop.
-            if attempt.deadline is not None and attempt.abandoned is None and not attempt.returned:
-                wake_at.append(attempt.deadline)
-        return max(0.0, min(wake_at) - now)
-
-    # -- bookkeeping ------------------------------------------------------------------
-
-    def _wait_to_write(self, outcome: Outcome) -> None:
-        self._pending[outcome.lease] = outcome
-        self._unsent.append(outcome)
-
-    def _take_in(self, report: WriteReport) -> None:
-        """Settle what the writer wrote: count it and stop holding its leases."""
-        self.counts["succeeded"] += len(report.acked)
-        self.counts["failed"] += len(report.failed)
-        if report.database_errors:
-            self.counts["database_errors"] += report.database_errors
-        for outcome in report.lost:
-            # Unless the heartbeat found the lease lost first, and it was counted then.
-            if self._pending.get(outcome.lease) is outcome:
-                self._discarded(
-                    outcome.attempt, "its lease was lost before its outcome was written"
-                )
-        settled = []
-        pending = self._pending
-        for outcome in chain(report.acked, report.failed, report.lost):
-            lease = outcome.lease
-            # One lookup in the common case (a busy worker settles thousands of outcomes
-            # a second): take the outcome out, and put back one that is not this
-            # report's to settle.
-            current = pending.pop(lease, None)
-            if current is not outcome:
-                if current is not None:
-                    pending[lease] = current
-                continue
-            settled.append(lease)
-            self._forget_if_done(outcome.attempt)
-        self._leases.release(settled)
-
-    def _timed_attempts(self) -> list[tuple[Lease, Attempt]]:
-        """The attempts with a time limit (most jobs have none: skip the scan)."""
-        if not self._timed:
-            return []
-        return [(lease, a) for lease, a in self._attempts.items() if a.timeout_seconds]
-
-    def _forget_if_done(self, attempt: Attempt) -> None:
-        lease = attempt.lease
-        if not attempt.returned or lease in self._pending:
-            return
-        # Popped, not looked up and then deleted: one lookup fewer per job.
-        if self._attempts.pop(lease, None) is not None and attempt.timeout_seconds:
-            self._timed -= 1
-
-    def _lease_lost(self, executor: Executor, lease: Lease, how: str) -> None:
-        attempt = self._attempts.get(lease)
-        if attempt is None or not self._leases.holds(lease):
-            return  # its outcome was written meanwhile: the heartbeat raced the ack
-        outcome = self._pending.get(lease)
-        if outcome is not None and outcome.sent:
-            # Being written: the heartbeat may have seen the ack commit before the writer
-            # reported it. The write is guarded by the lease, so its report settles it.
-            return
-        self._pending.pop(lease, None)
-        self._leases.release([lease])
-        if not attempt.returned and attempt.abandoned is None:
-            attempt.abandoned = "lost its lease"
-            executor.cancel(attempt)
-        self._discarded(attempt, f"its lease was {how} (cancelled, or reaped after a stall)")
-        self._forget_if_done(attempt)
-
-    def _discarded(self, attempt: Attempt, why: str) -> None:
-        self.counts["lost"] += 1
-        log.warning(
-            "job %s attempt %s: %s; outcome discarded",
-            attempt.job.id,
-            attempt.job.attempts,
-            why,
-            extra=_job_fields(attempt.job),
+        wake_at = min(
+            now + MAX_SLEEP_SECONDS,
+            self._claim_policy.next_claim_at() if stop_deadline is None else stop_deadline,
+            self._in_flight.next_deadline(),
         )
+        return max(0.0, wake_at - now)
 
     # -- called from other threads ----------------------------------------------------
 
@@ -764,7 +581,7 @@ class Worker:
         self._poke()
 
     def _notified(self) -> None:
-        self._claim_due = True
+        self._claim_policy.claim_due = True
         self._poke()
 
     def _poke(self) -> None:
@@ -788,20 +605,11 @@ class Worker:
             ", ".join(self.queues),
             "s" if len(self.tasks) > 1 else "",
             ", ".join(self.tasks),
-            " and ".join(kind.describe() for kind in self._kinds),
+            " and ".join(kind.describe() for kind in self._claim_policy.kinds),
             self.lease_seconds,
             self.heartbeat_seconds,
             wakeup,
         )
-
-
-def _lease(job: Job) -> Lease:
-    assert job.lease_token is not None
-    return Lease(job.id, job.lease_token)
-
-
-def _job_fields(job: Job) -> dict[str, Any]:
-    return {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts}
 
 
 def _positive(name: str, value: float) -> None:
