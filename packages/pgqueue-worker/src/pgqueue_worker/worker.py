@@ -27,28 +27,23 @@ import queue as queue_module
 import time
 from collections import Counter
 from collections.abc import Collection, Mapping
-from contextlib import suppress
-from typing import Any
 
-from pgqueue import DatabaseUnavailable, Lease, Queue, TaskHandler, ValidationError
+from pgqueue import DatabaseUnavailable, Queue, TaskHandler, ValidationError
 from pgqueue.claiming import CLAIM_MODES, default_worker_id
-from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE, notify_channel
-from pgqueue_worker import connections
+from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE
 from pgqueue_worker.claim_policy import ClaimPolicy
 from pgqueue_worker.claims import Claimer, ClaimResult
-from pgqueue_worker.executor import Attempt, Executor
+from pgqueue_worker.executor import Executor
 from pgqueue_worker.handlers import HandlerLike, as_task_handlers
-from pgqueue_worker.heartbeat import Heartbeat
+from pgqueue_worker.handover import Handover
+from pgqueue_worker.helpers import Helpers
 from pgqueue_worker.in_flight import InFlightAttempts
 from pgqueue_worker.metrics import WorkerMetrics
 from pgqueue_worker.outage import DatabaseHealth, discard_broken_connections, why_unavailable
-from pgqueue_worker.outcomes import OutcomeWriter, WriteReport
-from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Pruner, Retention
-from pgqueue_worker.reaper import Reaper
-from pgqueue_worker.registration import deregister, register, registration
-from pgqueue_worker.scheduler import Scheduler, ScheduleSync
+from pgqueue_worker.outcomes import OutcomeWriter
+from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Retention
+from pgqueue_worker.scheduler import ScheduleSync
 from pgqueue_worker.slots import SlotKind
-from pgqueue_worker.wakeup import Listener, WakeSignal
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -68,8 +63,6 @@ DEFAULT_SHUTDOWN_TIMEOUT = 30.0
 MAX_SLEEP_SECONDS = 60.0
 # How long a burst worker waits before it tries again to reap when another holds the lock.
 BURST_REAP_RECHECK_SECONDS = 0.1
-# How long the helper threads get to finish their current round when the worker stops.
-HELPER_STOP_SECONDS = 5.0
 
 
 class Worker:
@@ -192,17 +185,8 @@ class Worker:
         # By is_async, for the per-job bookkeeping.
         self._kind_of = (plain, coroutines)
 
-        # Handed over from other threads; everything below them is the claim loop's own.
-        self._wake = WakeSignal()
-        # True from the first wake-up sent until the claim loop takes them in: later
-        # senders skip the write (a busy worker finishes a handler every few µs).
-        self._wake_sent = False
-        self._finished: queue_module.SimpleQueue[tuple[Attempt, Any, BaseException | None]] = (
-            queue_module.SimpleQueue()
-        )
-        self._lost: queue_module.SimpleQueue[list[Lease]] = queue_module.SimpleQueue()
-        self._reports: queue_module.SimpleQueue[WriteReport] = queue_module.SimpleQueue()
-        self._claims: queue_module.SimpleQueue[ClaimResult] = queue_module.SimpleQueue()
+        # Handed over from other threads; everything else is the claim loop's own.
+        self._handover = Handover(self._claim_policy, metrics)
         self._stop_requested = False
 
         self._health = DatabaseHealth(probe=lambda: why_unavailable(self.queue))
@@ -222,7 +206,7 @@ class Worker:
         return from :meth:`run` (after ``shutdown_timeout`` at most). Safe to call from
         any thread and from a signal handler."""
         self._stop_requested = True
-        self._wake.set()
+        self._handover.wake.set()
 
     @property
     def running_jobs(self) -> int:
@@ -243,120 +227,21 @@ class Worker:
         # connection cut off, fails, and is retried like any lost connection, while
         # the leases it would otherwise have kept alive still expire on time.
         self.queue = self.queue.with_statement_timeout(self.lease_seconds / 2)
-        executor = Executor(
-            self.concurrency,
-            self._handler_finished,
-            self._handler_started,
-            on_running=self._handler_running,
-            async_size=self.async_concurrency,
-        )
-        writer = OutcomeWriter(
-            self.queue,
+        helpers = Helpers(
+            self,
+            handover=self._handover,
             health=self._health,
-            on_written=self._outcomes_written,
-            on_statement=None if self.metrics is None else self.metrics.outcomes_written,
+            leases=self._in_flight.leases,
+            kinds=self._claim_policy.kinds,
         )
-        claimer = Claimer(
-            self.queue,
-            self.queues,
-            self.tasks,
-            lease_seconds=self.lease_seconds,
-            worker_id=self.worker_id,
-            mode=self.claim_mode,
-            on_claimed=self._claimed,
-            # Recorded as waiting for a little over two polls: each poll's claim renews it.
-            waiter_seconds=2 * self.poll_interval + 1.0 if self.listen else None,
-        )
-        # The heartbeat's statements too: a stuck one is cut off while a retry can
-        # still extend the leases before they expire.
-        heartbeat_queue = connections.sibling_queue(
-            self.queue, connections.HEARTBEAT
-        ).with_statement_timeout(self.queue.statement_timeout)
-        # In the worker registry from start to stop, renewed by the heartbeat.
-        me = registration(
-            self.worker_id,
-            self.queues,
-            self.tasks,
-            concurrency=sum(kind.size for kind in self._claim_policy.kinds),
-            heartbeat_seconds=self.heartbeat_seconds,
-        )
-        register(self.queue, me)
-        heartbeat = Heartbeat(
-            heartbeat_queue,
-            self._in_flight.leases,
-            interval=self.heartbeat_seconds,
-            lease_seconds=self.lease_seconds,
-            health=self._health,
-            on_lost=self._leases_lost,
-            on_beat=None if self.metrics is None else self.metrics.heartbeat_written,
-            worker=me,
-        )
-        reaper = Reaper(self.queue, interval=self.reap_interval, health=self._health)
-        pruner = None
-        if self.retention is not None and self.retention.rules() and self.prune_interval > 0:
-            pruner = Pruner(
-                self.queue, self.retention, interval=self.prune_interval, health=self._health
-            )
-        self._log_start()
-        scheduler = None
-        if self.schedules is not None or self.scheduler:
-            scheduler = Scheduler(
-                self.queue, health=self._health, sync=self.schedules, run=self.scheduler
-            )
-            if self.scheduler:
-                log.info("scheduler on: enqueueing due schedules, one worker at a time")
-            scheduler.sync_now()
-        listener = None
-        if self.listen:
-            listener = Listener(
-                self.queue,
-                self.queues,
-                connect=lambda: connections.dedicated_connection(self.queue, connections.LISTEN),
-                wake=self._notified,
-                poll_interval=self.poll_interval,
-            )
-        if pruner is not None:
-            log.info(
-                "pruning finished jobs of every queue every %g s (one worker at a time): %s",
-                self.prune_interval,
-                pruner.retention.describe(),
-            )
-        executor.start()
-        claimer.start()
-        writer.start()
-        heartbeat.start()
-        reaper.start()
-        if pruner is not None:
-            pruner.start()
-        if scheduler is not None:
-            scheduler.start()
-        if listener is not None:
-            listener.start()
+        helpers.start()
         try:
-            clean = self._serve(executor, claimer, writer)
+            clean = self._serve(helpers.executor, helpers.claimer, helpers.writer)
             if self._gave_up is not None:
                 raise DatabaseUnavailable(self._gave_up)
             return clean
         finally:
-            helpers = [
-                h
-                for h in (listener, scheduler, pruner, reaper, heartbeat, claimer, writer)
-                if h is not None
-            ]
-            # Tell them all first, then wait: one stuck in a call to a dead server must
-            # not hold up the others' stopping.
-            for helper in helpers:
-                helper.stop(timeout=0)
-            for helper in helpers:
-                helper.stop(HELPER_STOP_SECONDS)
-            # Enqueues need not notify for this worker any more. Best effort, and not
-            # tried while the database is down: the records expire anyway.
-            if not self._health.down:
-                with suppress(Exception):
-                    self.queue.forget_waiters(claimer.waiters.values())
-                deregister(self.queue, me)
-            executor.shutdown()
-            heartbeat_queue.pool.close(timeout=HELPER_STOP_SECONDS)
+            helpers.stop()
 
     # -- the claim loop -------------------------------------------------------------
 
@@ -364,14 +249,9 @@ class Worker:
         stop_deadline: float | None = None
         claim_policy = self._claim_policy
         in_flight = self._in_flight
+        handover = self._handover
         while True:
-            # Clear first, then allow new wake-ups. The other order loses one: a sender
-            # between the two would set the flag, have its byte drained by the clear,
-            # and leave the flag up, so that every later sender skips the write and a
-            # loop with all slots busy sleeps until MAX_SLEEP_SECONDS. Data handed over
-            # before a skipped wake-up is taken in by _collect just below.
-            self._wake.clear()
-            self._wake_sent = False
+            handover.rearm()
             now = time.monotonic()
             self._collect(executor, now)
             if self.give_up_after is not None and not self._stop_requested:
@@ -412,7 +292,7 @@ class Worker:
                 return True
 
             self._write_and_claim(claimer, writer, now)
-            self._wake.wait(self._sleep_seconds(time.monotonic(), stop_deadline))
+            handover.wake.wait(self._sleep_seconds(time.monotonic(), stop_deadline))
 
     def _give_up_if_down_too_long(self, now: float, give_up_after: float) -> None:
         """Stop, as on :meth:`stop`, once the database has been unavailable for
@@ -429,18 +309,20 @@ class Worker:
     def _collect(self, executor: Executor, now: float) -> None:
         """Take in claimed jobs, finished handlers, leases the heartbeat found lost, and
         timeouts."""
+        handover = self._handover
         while True:
             try:
-                claim = self._claims.get_nowait()
+                claim = handover.claims.get_nowait()
             except queue_module.Empty:
                 break
             self._take_in_claim(executor, claim)
 
         in_flight = self._in_flight
         returned = in_flight.returned
+        take_finished = handover.finished.get_nowait
         while True:
             try:
-                attempt, result, error = self._finished.get_nowait()
+                attempt, result, error = take_finished()
             except queue_module.Empty:
                 break
             self._busy -= 1
@@ -449,7 +331,7 @@ class Worker:
 
         while True:
             try:
-                lost = self._lost.get_nowait()
+                lost = handover.lost.get_nowait()
             except queue_module.Empty:
                 break
             for lease in lost:
@@ -457,7 +339,7 @@ class Worker:
 
         while True:
             try:
-                report = self._reports.get_nowait()
+                report = handover.reports.get_nowait()
             except queue_module.Empty:
                 break
             in_flight.take_in(report)
@@ -545,71 +427,6 @@ class Worker:
             self._in_flight.next_deadline(),
         )
         return max(0.0, wake_at - now)
-
-    # -- called from other threads ----------------------------------------------------
-
-    def _handler_started(self, attempt: Attempt) -> None:
-        """A handler with a time limit started: the loop must wake at its deadline."""
-        self._poke()
-
-    def _handler_running(self, attempt: Attempt) -> None:
-        """On the handler's own thread, just before it is called: ``on_start``. Not when
-        the job is claimed: a job claimed ahead may wait for a slot, and one called off
-        while it waits never starts."""
-        hooks = self.queue.hooks
-        if hooks is not None:
-            hooks.call("on_start", job=attempt.job)
-
-    def _handler_finished(self, attempt: Attempt, result: Any, error: BaseException | None) -> None:
-        if self.metrics is not None:
-            self.metrics.returned(attempt)
-        self._finished.put((attempt, result, error))
-        self._poke()
-
-    def _outcomes_written(self, report: WriteReport) -> None:
-        self._reports.put(report)
-        self._poke()
-
-    def _leases_lost(self, leases: list[Lease]) -> None:
-        self._lost.put(leases)
-        self._poke()
-
-    def _claimed(self, claim: ClaimResult) -> None:
-        if self.metrics is not None:
-            self.metrics.claimed(claim)
-        self._claims.put(claim)
-        self._poke()
-
-    def _notified(self) -> None:
-        self._claim_policy.claim_due = True
-        self._poke()
-
-    def _poke(self) -> None:
-        """Wake the claim loop, unless a wake-up it has not taken in is on its way.
-        Callers hand their data over first, so the loop finds it either way."""
-        if not self._wake_sent:
-            self._wake_sent = True
-            self._wake.set()
-
-    def _log_start(self) -> None:
-        wakeup = (
-            f"LISTEN on {notify_channel(self.queue.schema)} and polling every {self.poll_interval:g} s"
-            if self.listen
-            else f"polling every {self.poll_interval:g} s"
-        )
-        log.info(
-            "worker %s serving queue%s %s with task%s %s: %s, %g s leases "
-            "(heartbeat every %g s), %s",
-            self.worker_id,
-            "s" if len(self.queues) > 1 else "",
-            ", ".join(self.queues),
-            "s" if len(self.tasks) > 1 else "",
-            ", ".join(self.tasks),
-            " and ".join(kind.describe() for kind in self._claim_policy.kinds),
-            self.lease_seconds,
-            self.heartbeat_seconds,
-            wakeup,
-        )
 
 
 def _positive(name: str, value: float) -> None:
