@@ -113,19 +113,25 @@ class InFlightAttempts:
                 self._wait_to_write(Outcome(attempt, error=attempt.abandoned))
                 executor.cancel(attempt)
 
-    def next_deadline(self) -> float:
-        """The earliest deadline of an attempt still running (monotonic; infinity when
-        none is)."""
-        deadline = math.inf
-        for _, attempt in self._timed_attempts():
-            # An attempt waiting for a slot has no deadline yet: its start wakes the loop.
-            if attempt.deadline is not None and attempt.abandoned is None and not attempt.returned:
-                deadline = min(deadline, attempt.deadline)
-        return deadline
-
-    def running(self) -> list[Attempt]:
-        """The attempts whose handler has not returned: running, or waiting for a slot."""
-        return [attempt for attempt in self.attempts.values() if not attempt.returned]
+    def lease_lost(self, executor: Executor, lease: Lease, how: str) -> None:
+        """The heartbeat found ``lease`` lost: call off its attempt and discard the
+        outcome, unless the outcome is being written (its write is guarded by the
+        lease)."""
+        attempt = self.attempts.get(lease)
+        if attempt is None or not self.leases.holds(lease):
+            return  # its outcome was written meanwhile: the heartbeat raced the ack
+        outcome = self.pending.get(lease)
+        if outcome is not None and outcome.sent:
+            # Being written: the heartbeat may have seen the ack commit before the writer
+            # reported it. The write is guarded by the lease, so its report settles it.
+            return
+        self.pending.pop(lease, None)
+        self.leases.release([lease])
+        if not attempt.returned and attempt.abandoned is None:
+            attempt.abandoned = "lost its lease"
+            executor.cancel(attempt)
+        self._discarded(attempt, f"its lease was {how} (cancelled, or reaped after a stall)")
+        self._forget_if_done(attempt)
 
     def take_unsent(self) -> list[Outcome]:
         """The outcomes to hand to the writer now, marked sent."""
@@ -135,10 +141,6 @@ class InFlightAttempts:
             outcome.sent = True
         self.unsent = []
         return sending
-
-    def _wait_to_write(self, outcome: Outcome) -> None:
-        self.pending[outcome.lease] = outcome
-        self.unsent.append(outcome)
 
     def take_in(self, report: WriteReport) -> None:
         """Settle what the writer wrote: count it and stop holding its leases."""
@@ -168,11 +170,23 @@ class InFlightAttempts:
             self._forget_if_done(outcome.attempt)
         self.leases.release(settled)
 
-    def _timed_attempts(self) -> list[tuple[Lease, Attempt]]:
-        """The attempts with a time limit (most jobs have none: skip the scan)."""
-        if not self._timed:
-            return []
-        return [(lease, a) for lease, a in self.attempts.items() if a.timeout_seconds]
+    def next_deadline(self) -> float:
+        """The earliest deadline of an attempt still running (monotonic; infinity when
+        none is)."""
+        deadline = math.inf
+        for _, attempt in self._timed_attempts():
+            # An attempt waiting for a slot has no deadline yet: its start wakes the loop.
+            if attempt.deadline is not None and attempt.abandoned is None and not attempt.returned:
+                deadline = min(deadline, attempt.deadline)
+        return deadline
+
+    def running(self) -> list[Attempt]:
+        """The attempts whose handler has not returned: running, or waiting for a slot."""
+        return [attempt for attempt in self.attempts.values() if not attempt.returned]
+
+    def _wait_to_write(self, outcome: Outcome) -> None:
+        self.pending[outcome.lease] = outcome
+        self.unsent.append(outcome)
 
     def _forget_if_done(self, attempt: Attempt) -> None:
         lease = attempt.lease
@@ -182,25 +196,11 @@ class InFlightAttempts:
         if self.attempts.pop(lease, None) is not None and attempt.timeout_seconds:
             self._timed -= 1
 
-    def lease_lost(self, executor: Executor, lease: Lease, how: str) -> None:
-        """The heartbeat found ``lease`` lost: call off its attempt and discard the
-        outcome, unless the outcome is being written (its write is guarded by the
-        lease)."""
-        attempt = self.attempts.get(lease)
-        if attempt is None or not self.leases.holds(lease):
-            return  # its outcome was written meanwhile: the heartbeat raced the ack
-        outcome = self.pending.get(lease)
-        if outcome is not None and outcome.sent:
-            # Being written: the heartbeat may have seen the ack commit before the writer
-            # reported it. The write is guarded by the lease, so its report settles it.
-            return
-        self.pending.pop(lease, None)
-        self.leases.release([lease])
-        if not attempt.returned and attempt.abandoned is None:
-            attempt.abandoned = "lost its lease"
-            executor.cancel(attempt)
-        self._discarded(attempt, f"its lease was {how} (cancelled, or reaped after a stall)")
-        self._forget_if_done(attempt)
+    def _timed_attempts(self) -> list[tuple[Lease, Attempt]]:
+        """The attempts with a time limit (most jobs have none: skip the scan)."""
+        if not self._timed:
+            return []
+        return [(lease, a) for lease, a in self.attempts.items() if a.timeout_seconds]
 
     def _discarded(self, attempt: Attempt, why: str) -> None:
         self._counts["lost"] += 1
