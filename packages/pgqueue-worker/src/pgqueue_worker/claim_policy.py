@@ -23,12 +23,10 @@ class ClaimPolicy:
     (:meth:`~pgqueue_worker.slots.SlotKind.due`). One claim is in progress at most, so
     the claim loop never waits on the database; the kinds take turns, so that a queue
     full of one kind never keeps the other's slots idle. After a failed claim (the
-    database is down, most likely) no claim is sent before a growing backoff, so that
-    a worker does not hammer a server that is starting up.
+    database down, most likely) the next waits for a growing backoff.
 
-    ``kinds`` are in claim order (the one claimed for last moves to the end); the claim
-    loop owns this object and its kinds (no locks), except :attr:`claim_due`, which a
-    notification sets from the listener's thread.
+    The claim loop owns this object and its kinds (no locks), except :attr:`claim_due`,
+    which a notification sets from the listener's thread.
     """
 
     __slots__ = (
@@ -47,9 +45,7 @@ class ClaimPolicy:
         self, kinds: list[SlotKind], *, prefetch: int, poll_interval: float, burst: bool
     ) -> None:
         self.kinds = kinds
-        self.prefetch = prefetch
-        self.poll_interval = poll_interval
-        self.burst = burst
+        """In claim order: the one claimed for last moves to the end."""
         self.claim_due = True
         """Set by notifications: every kind is due for a claim (a plain flag, read each
         round)."""
@@ -60,6 +56,9 @@ class ClaimPolicy:
         self.retry_at = 0.0
         """During an outage, no claim before this (monotonic)."""
         self._backoff = Backoff()
+        self.prefetch = prefetch
+        self.poll_interval = poll_interval
+        self.burst = burst
 
     def next_claim(self, now: float, *, stopping: bool, idle: bool) -> tuple[SlotKind, int] | None:
         """The kind to claim for now and how many jobs, if a claim is due; it is then in
