@@ -14,8 +14,9 @@ import pytest
 import worker_test_handlers
 from processes import pgqueue_command
 
-from pgqueue_worker.cli import PreparedWorker, prepare_worker, worker
+from pgqueue_worker.cli import worker
 from pgqueue_worker.logging_setup import JsonFormatter
+from pgqueue_worker.prepare import PreparedWorker, prepare_worker
 
 Check = Callable[[PreparedWorker], Any]
 

@@ -12,7 +12,7 @@ from worker_support import FAST, TEST_PLUGIN, wait_until_state, worker_environme
 
 from pgqueue import JobState, Queue
 from pgqueue.gc_tuning import GC_YOUNG_THRESHOLD
-from pgqueue_worker.cli import SHUTDOWN_TIMED_OUT_EXIT_CODE
+from pgqueue_worker.prepare import SHUTDOWN_TIMED_OUT_EXIT_CODE
 
 pytestmark = pytest.mark.slow
 

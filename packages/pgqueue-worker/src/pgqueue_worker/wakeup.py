@@ -83,7 +83,15 @@ def _close_fds(*fds: int) -> None:
 class Listener(StoppableThread):
     """LISTENs on ``queue``'s channel and calls ``wake()`` for notifications naming one of
     ``queues``, on a thread of its own. ``connect()`` opens a new autocommit connection;
-    :meth:`stop` also closes it."""
+    :meth:`stop` also closes it.
+
+    It runs on the thread scaffolding of the reaper and the pruner
+    (:class:`~pgqueue_worker.service.StoppableThread`), but is no
+    :class:`~pgqueue_worker.service.PeriodicService` like them: it has no rounds to run
+    every interval, but holds one connection for as long as that lasts; and a broken
+    connection is no outage to report to the worker's database health (the worker polls
+    meanwhile), so it reconnects with a backoff of its own from 0.1 s, not from the
+    interval."""
 
     def __init__(
         self,

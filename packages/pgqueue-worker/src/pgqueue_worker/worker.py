@@ -1,17 +1,12 @@
 """The worker: one claim loop feeding N handler slots, with every job under a lease.
 
-The claim loop owns this worker's bookkeeping: which leases it holds, which attempts
-run, which outcomes wait to be written. Each round it takes in the jobs of the last
-claim and the handlers that finished, hands their outcomes to the outcome writer, and
-asks the claimer for as many jobs as it has room for. The claimer and the writer talk
-to PostgreSQL on threads of their own, so on a busy queue claims, acks and handlers
-all overlap instead of taking turns: one claim statement and one ack statement per
-batch of jobs, each committed while the rest of the worker goes on.
-
-Around it run five helpers, each on a thread of its own: the claimer, the outcome
-writer, the heartbeat (one statement per interval extends every lease this worker
-holds, on a connection of its own), the reaper (puts expired leases back, at most one
-worker at a time), and the listener (LISTEN/NOTIFY wake-ups, polling as the fallback).
+:class:`Worker` holds the worker's settings, checked. Its :meth:`~Worker.run` runs the
+claim loop (:mod:`pgqueue_worker.claim_loop`), which owns the worker's bookkeeping, and
+around it five helpers (:mod:`pgqueue_worker.helpers`), each on a thread of its own: the
+claimer, the outcome writer, the heartbeat (one statement per interval extends every
+lease this worker holds, on a connection of its own), the reaper (puts expired leases
+back, at most one worker at a time), and the listener (LISTEN/NOTIFY wake-ups, polling
+as the fallback).
 
 Delivery is at least once. An outcome is written only under the lease it was claimed
 with, so a worker that lost its lease (cancelled, or reaped after a stall) can never
@@ -22,40 +17,19 @@ lease expires, the job runs again.
 
 from __future__ import annotations
 
-import logging
-import queue as queue_module
-import time
 from collections import Counter
 from collections.abc import Collection, Mapping
-from contextlib import suppress
-from itertools import chain
-from typing import Any
 
-from pgqueue import DatabaseUnavailable, Job, Lease, Queue, TaskHandler, ValidationError
+from pgqueue import DatabaseUnavailable, Queue, TaskHandler, ValidationError
 from pgqueue.claiming import CLAIM_MODES, default_worker_id
-from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE, notify_channel
-from pgqueue_worker import connections
-from pgqueue_worker.claims import Claimer, ClaimResult
-from pgqueue_worker.executor import Attempt, Executor
+from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE
+from pgqueue_worker.claim_loop import ClaimLoop
 from pgqueue_worker.handlers import HandlerLike, as_task_handlers
-from pgqueue_worker.heartbeat import Heartbeat
-from pgqueue_worker.leases import LeaseSet
+from pgqueue_worker.helpers import Helpers
 from pgqueue_worker.metrics import WorkerMetrics
-from pgqueue_worker.outage import (
-    Backoff,
-    DatabaseHealth,
-    discard_broken_connections,
-    why_unavailable,
-)
-from pgqueue_worker.outcomes import Outcome, OutcomeWriter, WriteReport
-from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Pruner, Retention
-from pgqueue_worker.reaper import Reaper
-from pgqueue_worker.registration import deregister, register, registration
-from pgqueue_worker.scheduler import Scheduler, ScheduleSync
-from pgqueue_worker.slots import SlotKind
-from pgqueue_worker.wakeup import Listener, WakeSignal
-
-log = logging.getLogger("pgqueue.worker")
+from pgqueue_worker.outage import DatabaseHealth, why_unavailable
+from pgqueue_worker.pruner import DEFAULT_PRUNE_INTERVAL, Retention
+from pgqueue_worker.scheduler import ScheduleSync
 
 DEFAULT_CONCURRENCY = 32
 # Coroutine handlers hold no thread while they await, so they get slots of their own,
@@ -69,12 +43,6 @@ DEFAULT_PREFETCH = 512
 DEFAULT_POLL_INTERVAL = 1.0
 DEFAULT_REAP_INTERVAL = 5.0
 DEFAULT_SHUTDOWN_TIMEOUT = 30.0
-# Even with nothing to wait for, look around this often (a cheap safety net).
-MAX_SLEEP_SECONDS = 60.0
-# How long a burst worker waits before it tries again to reap when another holds the lock.
-BURST_REAP_RECHECK_SECONDS = 0.1
-# How long the helper threads get to finish their current round when the worker stops.
-HELPER_STOP_SECONDS = 5.0
 
 
 class Worker:
@@ -170,7 +138,6 @@ class Worker:
         self.give_up_after = give_up_after
         """Seconds the database may stay unavailable before :meth:`run` stops, as on
         :meth:`stop`, and raises DatabaseUnavailable; None waits however long it takes."""
-        self._gave_up: str | None = None
         self.shutdown_timeout = shutdown_timeout
         self.worker_id = worker_id or default_worker_id()
         # None (the library default) prunes nothing; `pgqueue worker` passes its flags'
@@ -183,52 +150,12 @@ class Worker:
         """What this worker did: succeeded, failed, timed_out, lost (outcomes discarded),
         and database_errors (claim-loop rounds the database refused)."""
 
-        # Inspecting a handler costs more than running a no-op job.
-        self._is_async = {name: h.is_async for name, h in self.handlers.items()}
-        # The kinds of slot this worker's handlers need, each claimed for on its own. In
-        # claim order: the one claimed for last moves to the end (see _write_and_claim).
-        plain = SlotKind("plain", [t for t in self.tasks if not self._is_async[t]], concurrency)
-        coroutines = SlotKind(
-            "async", [t for t in self.tasks if self._is_async[t]], async_concurrency
-        )
-        self._kinds = [kind for kind in (plain, coroutines) if kind.tasks]
-        # By is_async, for the per-job bookkeeping.
-        self._kind_of = (plain, coroutines)
-
-        # Handed over from other threads; everything below them is the claim loop's own.
-        self._wake = WakeSignal()
-        # True from the first wake-up sent until the claim loop takes them in: later
-        # senders skip the write (a busy worker finishes a handler every few µs).
-        self._wake_sent = False
-        self._finished: queue_module.SimpleQueue[tuple[Attempt, Any, BaseException | None]] = (
-            queue_module.SimpleQueue()
-        )
-        self._lost: queue_module.SimpleQueue[list[Lease]] = queue_module.SimpleQueue()
-        self._reports: queue_module.SimpleQueue[WriteReport] = queue_module.SimpleQueue()
-        self._claims: queue_module.SimpleQueue[ClaimResult] = queue_module.SimpleQueue()
-        self._stop_requested = False
-        # Set by notifications: every kind is due for a claim (a plain flag, read each round).
-        self._claim_due = True
-
-        self._health = DatabaseHealth(probe=lambda: why_unavailable(self.queue))
-        self._backoff = Backoff()
-        self._retry_at = 0.0  # during an outage, no claim before this (monotonic)
-        # Jobs asked of the claimer and not yet received (0: no claim in progress), and
-        # the kind they were asked for.
-        self._claiming = 0
-        self._claiming_kind: SlotKind | None = None
-        self._leases = LeaseSet()
-        self._attempts: dict[Lease, Attempt] = {}
-        # Outcomes not yet written, by lease; the unsent ones are also in _unsent until
-        # the next round hands them to the writer.
-        self._pending: dict[Lease, Outcome] = {}
-        self._unsent: list[Outcome] = []
-        self._busy = 0  # of every kind (each kind counts its own too)
-        self._timed = 0  # attempts in _attempts with a time limit
         self._started = False
         self.metrics = metrics
         """This worker's Prometheus metrics, if it keeps them (see
         :mod:`pgqueue_worker.metrics`)."""
+        self._health = DatabaseHealth(probe=lambda: why_unavailable(self.queue))
+        self._loop = ClaimLoop(self, self._health)
         if metrics is not None:
             metrics.watch(self)
 
@@ -238,14 +165,13 @@ class Worker:
         """Stop claiming, let running handlers finish and their outcomes be written, then
         return from :meth:`run` (after ``shutdown_timeout`` at most). Safe to call from
         any thread and from a signal handler."""
-        self._stop_requested = True
-        self._wake.set()
+        self._loop.stop()
 
     @property
     def running_jobs(self) -> int:
         """Attempts whose handler has not returned yet: those running, and those
         claimed ahead and waiting for a slot."""
-        return self._busy
+        return self._loop.busy
 
     def run(self) -> bool:
         """Serve jobs until stopped. Returns True when the worker stopped cleanly (every
@@ -260,548 +186,22 @@ class Worker:
         # connection cut off, fails, and is retried like any lost connection, while
         # the leases it would otherwise have kept alive still expire on time.
         self.queue = self.queue.with_statement_timeout(self.lease_seconds / 2)
-        executor = Executor(
-            self.concurrency,
-            self._handler_finished,
-            self._handler_started,
-            on_running=self._handler_running,
-            async_size=self.async_concurrency,
-        )
-        writer = OutcomeWriter(
-            self.queue,
+        loop = self._loop
+        helpers = Helpers(
+            self,
+            handover=loop.handover,
             health=self._health,
-            on_written=self._outcomes_written,
-            on_statement=None if self.metrics is None else self.metrics.outcomes_written,
+            leases=loop.in_flight.leases,
+            kinds=loop.claim_policy.kinds,
         )
-        claimer = Claimer(
-            self.queue,
-            self.queues,
-            self.tasks,
-            lease_seconds=self.lease_seconds,
-            worker_id=self.worker_id,
-            mode=self.claim_mode,
-            on_claimed=self._claimed,
-            # Recorded as waiting for a little over two polls: each poll's claim renews it.
-            waiter_seconds=2 * self.poll_interval + 1.0 if self.listen else None,
-        )
-        # The heartbeat's statements too: a stuck one is cut off while a retry can
-        # still extend the leases before they expire.
-        heartbeat_queue = connections.sibling_queue(
-            self.queue, connections.HEARTBEAT
-        ).with_statement_timeout(self.queue.statement_timeout)
-        # In the worker registry from start to stop, renewed by the heartbeat.
-        me = registration(
-            self.worker_id,
-            self.queues,
-            self.tasks,
-            concurrency=sum(kind.size for kind in self._kinds),
-            heartbeat_seconds=self.heartbeat_seconds,
-        )
-        register(self.queue, me)
-        heartbeat = Heartbeat(
-            heartbeat_queue,
-            self._leases,
-            interval=self.heartbeat_seconds,
-            lease_seconds=self.lease_seconds,
-            health=self._health,
-            on_lost=self._leases_lost,
-            on_beat=None if self.metrics is None else self.metrics.heartbeat_written,
-            worker=me,
-        )
-        reaper = Reaper(self.queue, interval=self.reap_interval, health=self._health)
-        pruner = None
-        if self.retention is not None and self.retention.rules() and self.prune_interval > 0:
-            pruner = Pruner(
-                self.queue, self.retention, interval=self.prune_interval, health=self._health
-            )
-        self._log_start()
-        scheduler = None
-        if self.schedules is not None or self.scheduler:
-            scheduler = Scheduler(
-                self.queue, health=self._health, sync=self.schedules, run=self.scheduler
-            )
-            if self.scheduler:
-                log.info("scheduler on: enqueueing due schedules, one worker at a time")
-            scheduler.sync_now()
-        listener = None
-        if self.listen:
-            listener = Listener(
-                self.queue,
-                self.queues,
-                connect=lambda: connections.dedicated_connection(self.queue, connections.LISTEN),
-                wake=self._notified,
-                poll_interval=self.poll_interval,
-            )
-        if pruner is not None:
-            log.info(
-                "pruning finished jobs of every queue every %g s (one worker at a time): %s",
-                self.prune_interval,
-                pruner.retention.describe(),
-            )
-        executor.start()
-        claimer.start()
-        writer.start()
-        heartbeat.start()
-        reaper.start()
-        if pruner is not None:
-            pruner.start()
-        if scheduler is not None:
-            scheduler.start()
-        if listener is not None:
-            listener.start()
+        helpers.start()
         try:
-            clean = self._serve(executor, claimer, writer)
-            if self._gave_up is not None:
-                raise DatabaseUnavailable(self._gave_up)
+            clean = loop.serve(self.queue, helpers.executor, helpers.claimer, helpers.writer)
+            if loop.gave_up is not None:
+                raise DatabaseUnavailable(loop.gave_up)
             return clean
         finally:
-            helpers = [
-                h
-                for h in (listener, scheduler, pruner, reaper, heartbeat, claimer, writer)
-                if h is not None
-            ]
-            # Tell them all first, then wait: one stuck in a call to a dead server must
-            # not hold up the others' stopping.
-            for helper in helpers:
-                helper.stop(timeout=0)
-            for helper in helpers:
-                helper.stop(HELPER_STOP_SECONDS)
-            # Enqueues need not notify for this worker any more. Best effort, and not
-            # tried while the database is down: the records expire anyway.
-            if not self._health.down:
-                with suppress(Exception):
-                    self.queue.forget_waiters(claimer.waiters.values())
-                deregister(self.queue, me)
-            executor.shutdown()
-            heartbeat_queue.pool.close(timeout=HELPER_STOP_SECONDS)
-
-    # -- the claim loop -------------------------------------------------------------
-
-    def _serve(self, executor: Executor, claimer: Claimer, writer: OutcomeWriter) -> bool:
-        stop_deadline: float | None = None
-        while True:
-            # Clear first, then allow new wake-ups. The other order loses one: a sender
-            # between the two would set the flag, have its byte drained by the clear,
-            # and leave the flag up, so that every later sender skips the write and a
-            # loop with all slots busy sleeps until MAX_SLEEP_SECONDS. Data handed over
-            # before a skipped wake-up is taken in by _collect just below.
-            self._wake.clear()
-            self._wake_sent = False
-            now = time.monotonic()
-            self._collect(executor, now)
-            if self.give_up_after is not None and not self._stop_requested:
-                self._give_up_if_down_too_long(now, self.give_up_after)
-
-            if self._stop_requested:
-                if stop_deadline is None:
-                    stop_deadline = now + self.shutdown_timeout
-                    log.info(
-                        "stopping: claiming no more jobs; waiting up to %g s for %d running",
-                        self.shutdown_timeout,
-                        self._busy,
-                    )
-                # A claim in progress is waited for: its jobs are this worker's to run.
-                if self._busy == 0 and not self._pending and not self._claiming:
-                    log.info("stopped cleanly")
-                    return True
-                if now >= stop_deadline:
-                    running = [a for a in self._attempts.values() if not a.returned]
-                    log.warning(
-                        "shutdown timeout: leaving %d running jobs (%s) to their leases",
-                        self._busy,
-                        ", ".join(str(a.job.id) for a in running),
-                    )
-                    # Their outcomes will not be written: tell handlers that look.
-                    for attempt in running:
-                        attempt.job.mark_cancelled()
-                    return False
-
-            if (
-                self.burst
-                and all(kind.found_nothing for kind in self._kinds)
-                and not self._claiming
-                and self._busy == 0
-                and not self._pending
-                and self._reaped_before_exit()
-            ):
-                log.info("burst: no runnable job left for this worker; exiting")
-                return True
-
-            self._write_and_claim(claimer, writer, now)
-            self._wake.wait(self._sleep_seconds(time.monotonic(), stop_deadline))
-
-    def _give_up_if_down_too_long(self, now: float, give_up_after: float) -> None:
-        """Stop, as on :meth:`stop`, once the database has been unavailable for
-        ``give_up_after`` seconds; :meth:`run` then raises."""
-        down_for = self._health.down_for(now)
-        if down_for < give_up_after:
-            return
-        cause = (self._health.cause or "database unavailable").removeprefix(
-            "database unavailable: "
-        )
-        self._gave_up = f"database unavailable for {down_for:.0f} s, giving up: {cause}"
-        self._stop_requested = True
-
-    def _collect(self, executor: Executor, now: float) -> None:
-        """Take in claimed jobs, finished handlers, leases the heartbeat found lost, and
-        timeouts."""
-        while True:
-            try:
-                claim = self._claims.get_nowait()
-            except queue_module.Empty:
-                break
-            self._take_in_claim(executor, claim)
-
-        while True:
-            try:
-                attempt, result, error = self._finished.get_nowait()
-            except queue_module.Empty:
-                break
-            attempt.returned = True
-            self._busy -= 1
-            self._kind_of[attempt.is_async].returned(attempt.ran_for)
-            if attempt.abandoned is not None:
-                log.info(
-                    "job %s attempt %s returned after it was %s; outcome discarded",
-                    attempt.job.id,
-                    attempt.job.attempts,
-                    attempt.abandoned,
-                    extra=_job_fields(attempt.job),
-                )
-                self._forget_if_done(attempt)
-                continue
-            if error is not None:
-                log.info(
-                    "job %s %s attempt %s raised",
-                    attempt.job.id,
-                    attempt.job.task,
-                    attempt.job.attempts,
-                    exc_info=error,
-                    extra=_job_fields(attempt.job),
-                )
-            self._wait_to_write(Outcome(attempt, result, error))
-
-        while True:
-            try:
-                lost = self._lost.get_nowait()
-            except queue_module.Empty:
-                break
-            for lease in lost:
-                self._lease_lost(executor, lease, "reported lost by the heartbeat")
-
-        while True:
-            try:
-                report = self._reports.get_nowait()
-            except queue_module.Empty:
-                break
-            self._take_in(report)
-
-        for _, attempt in list(self._timed_attempts()):
-            if (
-                attempt.deadline is not None
-                and now >= attempt.deadline
-                and not attempt.returned
-                and attempt.abandoned is None
-            ):
-                attempt.abandoned = f"timed out after {attempt.timeout_seconds:g} s"
-                self.counts["timed_out"] += 1
-                self._wait_to_write(Outcome(attempt, error=attempt.abandoned))
-                executor.cancel(attempt)
-
-    def _reaped_before_exit(self) -> bool:
-        """Before a burst worker concludes that nothing is left, it reaps: a job whose
-        worker died is still ``running`` until its expired lease is reaped, and would
-        otherwise be left behind by a burst that found "nothing to do". True when
-        nothing was left to reap; otherwise the worker looks for jobs once more (a
-        reaped job is due again after its backoff, like any failed attempt).
-
-        Reaping is schema-wide, as the reaper thread's is (see ``Reaper``)."""
-        try:
-            reaped = self.queue.reap()
-        except DatabaseUnavailable as exc:
-            self.counts["database_errors"] += 1
-            self._health.failed("burst reap", exc)
-            discard_broken_connections(self.queue)
-            reaped = None
-            self._retry_at = time.monotonic() + self._backoff.next()
-        if reaped == []:
-            return True
-        if reaped is None:
-            # Another worker holds the reaper lock, reaping right now: look again shortly.
-            self._retry_at = max(self._retry_at, time.monotonic() + BURST_REAP_RECHECK_SECONDS)
-        else:
-            log.info(
-                "burst: reaped %d jobs whose lease expired: %s",
-                len(reaped),
-                ", ".join(f"{job.id} ({job.state.value})" for job in reaped[:20]),
-            )
-        for kind in self._kinds:
-            kind.found_nothing = False
-        return False
-
-    def _write_and_claim(self, claimer: Claimer, writer: OutcomeWriter, now: float) -> None:
-        """Hand the outcomes waiting to be written to the writer and, with room and
-        reason to, ask the claimer for more jobs."""
-        if self._unsent:
-            # Skipping any whose lease the heartbeat found lost since.
-            sending = [o for o in self._unsent if self._pending.get(o.lease) is o]
-            for outcome in sending:
-                outcome.sent = True
-            writer.submit(sending)
-            self._unsent = []
-
-        if self._claiming or now < self._retry_at:
-            return
-        if self._claim_due:
-            # Taken down before the claim: a notification that arrives meanwhile sets it
-            # again, so a job committed just after the claim's snapshot is not missed.
-            self._claim_due = False
-            for kind in self._kinds:
-                kind.claim_due = True
-        kinds = self._kinds
-        for index, kind in enumerate(kinds):
-            limit = kind.claim_limit(self.prefetch)
-            if not self._should_claim(now, kind, limit):
-                continue
-            kind.claiming(now)
-            self._claiming = limit
-            self._claiming_kind = kind
-            if len(kinds) > 1:
-                # The other kind goes first next time: while both have jobs and room,
-                # claims take turns, and neither kind waits behind the other's.
-                kinds.append(kinds.pop(index))
-            claimer.request(limit, kind.tasks)
-            return
-
-    def _take_in_claim(self, executor: Executor, claim: ClaimResult) -> None:
-        """Start the jobs of a claim, and work out when to claim again."""
-        kind = self._claiming_kind
-        assert kind is not None
-        self._claiming = 0
-        self._claiming_kind = None
-        error = claim.error
-        if error is not None:
-            kind.found_nothing = False
-            if isinstance(error, DatabaseUnavailable):
-                self.counts["database_errors"] += 1
-                self._health.failed("claim loop", error)
-                discard_broken_connections(self.queue)
-            else:
-                log.error("claim loop error; retrying with backoff", exc_info=error)
-            self._retry_at = time.monotonic() + self._backoff.next()
-            return
-        self._backoff.reset()
-        self._retry_at = 0.0
-        self._health.succeeded()
-        jobs = claim.jobs
-        # An empty claim ends a burst only when nothing runs: a running job may yet fail
-        # and be due again, or enqueue a job of either kind, so an idle burst worker
-        # looks once more for each kind (_should_claim).
-        if jobs:
-            for each in self._kinds:
-                each.found_nothing = False
-        else:
-            kind.found_nothing = self._busy == 0
-        self._dispatch(executor, kind, jobs)
-        kind.claimed(
-            len(jobs), claim.limit, claim.next_run_seconds, self.poll_interval, time.monotonic()
-        )
-
-    def _should_claim(self, now: float, kind: SlotKind, free: int) -> bool:
-        if self._stop_requested or free < 1:
-            return False
-        # In burst mode an idle worker looks once more before it concludes it is done.
-        return kind.due(now, self.poll_interval) or (self.burst and self._busy == 0)
-
-    def _dispatch(self, executor: Executor, kind: SlotKind, jobs: list[Job]) -> None:
-        attempts = []
-        for job in jobs:
-            handler = self.handlers[job.task]
-            timeout = job.timeout_seconds or handler.timeout_seconds
-            attempt = Attempt(
-                job=job,
-                lease=_lease(job),
-                handler=handler,
-                is_async=self._is_async[job.task],
-                timeout_seconds=timeout,
-            )
-            self._attempts[attempt.lease] = attempt
-            if timeout:
-                self._timed += 1
-            attempts.append(attempt)
-        # Held before any handler runs, so that the heartbeat covers every claimed job.
-        self._leases.add([attempt.lease for attempt in attempts])
-        self._busy += len(attempts)
-        kind.started(len(attempts))
-        executor.submit_many(attempts)
-
-    def _sleep_seconds(self, now: float, stop_deadline: float | None) -> float:
-        """How long the claim loop may sleep before something needs it (other threads,
-        the claimer among them, wake it earlier through the wake signal)."""
-        if self._stop_requested and self._busy == 0 and not self._pending and not self._claiming:
-            return 0.0  # the last outcome is written: time to go
-        wake_at = [now + MAX_SLEEP_SECONDS]
-        retry_at = self._retry_at
-        if stop_deadline is not None:
-            wake_at.append(stop_deadline)
-        elif not self._claiming:
-            for kind in self._kinds:
-                if kind.claim_limit(self.prefetch) > 0:
-                    wake_at.extend(kind.wake_times(retry_at, self.poll_interval))
-        for _, attempt in self._timed_attempts():
-            # An attempt waiting for a slot has no deadline yet: its start wakes the loop.
-            if attempt.deadline is not None and attempt.abandoned is None and not attempt.returned:
-                wake_at.append(attempt.deadline)
-        return max(0.0, min(wake_at) - now)
-
-    # -- bookkeeping ------------------------------------------------------------------
-
-    def _wait_to_write(self, outcome: Outcome) -> None:
-        self._pending[outcome.lease] = outcome
-        self._unsent.append(outcome)
-
-    def _take_in(self, report: WriteReport) -> None:
-        """Settle what the writer wrote: count it and stop holding its leases."""
-        self.counts["succeeded"] += len(report.acked)
-        self.counts["failed"] += len(report.failed)
-        if report.database_errors:
-            self.counts["database_errors"] += report.database_errors
-        for outcome in report.lost:
-            # Unless the heartbeat found the lease lost first, and it was counted then.
-            if self._pending.get(outcome.lease) is outcome:
-                self._discarded(
-                    outcome.attempt, "its lease was lost before its outcome was written"
-                )
-        settled = []
-        pending = self._pending
-        for outcome in chain(report.acked, report.failed, report.lost):
-            lease = outcome.lease
-            # One lookup in the common case (a busy worker settles thousands of outcomes
-            # a second): take the outcome out, and put back one that is not this
-            # report's to settle.
-            current = pending.pop(lease, None)
-            if current is not outcome:
-                if current is not None:
-                    pending[lease] = current
-                continue
-            settled.append(lease)
-            self._forget_if_done(outcome.attempt)
-        self._leases.release(settled)
-
-    def _timed_attempts(self) -> list[tuple[Lease, Attempt]]:
-        """The attempts with a time limit (most jobs have none: skip the scan)."""
-        if not self._timed:
-            return []
-        return [(lease, a) for lease, a in self._attempts.items() if a.timeout_seconds]
-
-    def _forget_if_done(self, attempt: Attempt) -> None:
-        lease = attempt.lease
-        if not attempt.returned or lease in self._pending:
-            return
-        # Popped, not looked up and then deleted: one lookup fewer per job.
-        if self._attempts.pop(lease, None) is not None and attempt.timeout_seconds:
-            self._timed -= 1
-
-    def _lease_lost(self, executor: Executor, lease: Lease, how: str) -> None:
-        attempt = self._attempts.get(lease)
-        if attempt is None or not self._leases.holds(lease):
-            return  # its outcome was written meanwhile: the heartbeat raced the ack
-        outcome = self._pending.get(lease)
-        if outcome is not None and outcome.sent:
-            # Being written: the heartbeat may have seen the ack commit before the writer
-            # reported it. The write is guarded by the lease, so its report settles it.
-            return
-        self._pending.pop(lease, None)
-        self._leases.release([lease])
-        if not attempt.returned and attempt.abandoned is None:
-            attempt.abandoned = "lost its lease"
-            executor.cancel(attempt)
-        self._discarded(attempt, f"its lease was {how} (cancelled, or reaped after a stall)")
-        self._forget_if_done(attempt)
-
-    def _discarded(self, attempt: Attempt, why: str) -> None:
-        self.counts["lost"] += 1
-        log.warning(
-            "job %s attempt %s: %s; outcome discarded",
-            attempt.job.id,
-            attempt.job.attempts,
-            why,
-            extra=_job_fields(attempt.job),
-        )
-
-    # -- called from other threads ----------------------------------------------------
-
-    def _handler_started(self, attempt: Attempt) -> None:
-        """A handler with a time limit started: the loop must wake at its deadline."""
-        self._poke()
-
-    def _handler_running(self, attempt: Attempt) -> None:
-        """On the handler's own thread, just before it is called: ``on_start``. Not when
-        the job is claimed: a job claimed ahead may wait for a slot, and one called off
-        while it waits never starts."""
-        hooks = self.queue.hooks
-        if hooks is not None:
-            hooks.call("on_start", job=attempt.job)
-
-    def _handler_finished(self, attempt: Attempt, result: Any, error: BaseException | None) -> None:
-        if self.metrics is not None:
-            self.metrics.returned(attempt)
-        self._finished.put((attempt, result, error))
-        self._poke()
-
-    def _outcomes_written(self, report: WriteReport) -> None:
-        self._reports.put(report)
-        self._poke()
-
-    def _leases_lost(self, leases: list[Lease]) -> None:
-        self._lost.put(leases)
-        self._poke()
-
-    def _claimed(self, claim: ClaimResult) -> None:
-        if self.metrics is not None:
-            self.metrics.claimed(claim)
-        self._claims.put(claim)
-        self._poke()
-
-    def _notified(self) -> None:
-        self._claim_due = True
-        self._poke()
-
-    def _poke(self) -> None:
-        """Wake the claim loop, unless a wake-up it has not taken in is on its way.
-        Callers hand their data over first, so the loop finds it either way."""
-        if not self._wake_sent:
-            self._wake_sent = True
-            self._wake.set()
-
-    def _log_start(self) -> None:
-        wakeup = (
-            f"LISTEN on {notify_channel(self.queue.schema)} and polling every {self.poll_interval:g} s"
-            if self.listen
-            else f"polling every {self.poll_interval:g} s"
-        )
-        log.info(
-            "worker %s serving queue%s %s with task%s %s: %s, %g s leases "
-            "(heartbeat every %g s), %s",
-            self.worker_id,
-            "s" if len(self.queues) > 1 else "",
-            ", ".join(self.queues),
-            "s" if len(self.tasks) > 1 else "",
-            ", ".join(self.tasks),
-            " and ".join(kind.describe() for kind in self._kinds),
-            self.lease_seconds,
-            self.heartbeat_seconds,
-            wakeup,
-        )
-
-
-def _lease(job: Job) -> Lease:
-    assert job.lease_token is not None
-    return Lease(job.id, job.lease_token)
-
-
-def _job_fields(job: Job) -> dict[str, Any]:
-    return {"job_id": job.id, "task": job.task, "queue": job.queue, "attempt": job.attempts}
+            helpers.stop()
 
 
 def _positive(name: str, value: float) -> None:
