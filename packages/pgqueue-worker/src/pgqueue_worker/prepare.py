@@ -19,15 +19,10 @@ from pgqueue.claiming import default_worker_id
 from pgqueue.cli import not_migrated, resolve_url
 from pgqueue.gc_tuning import tune_garbage_collector
 from pgqueue.migrations import UnknownSchemaVersion
-from pgqueue.plugins import (
-    PluginLoadError,
-    check_hooks,
-    collect_tasks,
-    get_plugin_manager,
-    plugin_error,
-)
+from pgqueue.plugins import PluginLoadError, check_hooks, get_plugin_manager, plugin_error
 from pgqueue.schedules import ScheduleError, collect_schedules
 from pgqueue.settings import DEFAULT_QUEUE, check_schema
+from pgqueue.task_handlers import collect_tasks
 from pgqueue_worker import connections, logging_setup
 from pgqueue_worker.handlers import import_module, load_handlers, merge_handlers
 from pgqueue_worker.metrics import MetricsServer, WorkerMetrics
