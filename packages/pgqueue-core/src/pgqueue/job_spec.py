@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from functools import cached_property
 from typing import Any
 
 from pgqueue import jsonb, validation
@@ -20,8 +19,8 @@ class JobSpec:
     """A job to enqueue, validated on construction.
 
     What the statements take is worked out from the fields once, as the construction
-    checks them, and kept: :attr:`payload_text` and :attr:`dependencies`. The fields
-    themselves stay as given."""
+    checks them, and kept in two more fields: :attr:`payload_text` and
+    :attr:`dependencies`. The fields given stay as given."""
 
     task: str
     payload: dict[str, Any] = field(default_factory=dict)
@@ -38,6 +37,10 @@ class JobSpec:
     depends_on: Sequence[int | BatchItem] = ()
     """Jobs that must succeed before this one is queued: ids, or earlier items of the
     same ``enqueue_many`` call (see :mod:`pgqueue.dependencies`)."""
+    payload_text: str = field(init=False, repr=False, compare=False)
+    """The payload as the JSON text that is stored (validated and measured once)."""
+    dependencies: tuple[int | BatchItem, ...] = field(init=False, repr=False, compare=False)
+    """``depends_on``, checked, each job once, in the order given."""
 
     def __post_init__(self) -> None:
         validation.name("task", self.task)
@@ -56,25 +59,20 @@ class JobSpec:
             validation.unique_key(self.unique_key)
         if self.timeout_seconds is not None:
             validation.seconds("timeout_seconds", self.timeout_seconds, positive=True)
-        # Worked out (and so checked) now, not when the job is enqueued.
-        self.dependencies  # noqa: B018
-        self.payload_text  # noqa: B018
+        # Worked out (and so checked) now, not when the job is enqueued. A frozen
+        # dataclass sets its own fields through object.__setattr__, as its generated
+        # __init__ does; a cached_property would cost more than the rest of this method
+        # (its lock, on Python 3.11), and large enqueues build thousands of specs.
+        object.__setattr__(self, "payload_text", validation.payload(self.payload))
+        object.__setattr__(
+            self, "dependencies", checked(self.depends_on) if self.depends_on else ()
+        )
 
     @property
     def single_statement(self) -> bool:
         """Whether enqueueing this job alone is one INSERT: no idempotency key, no unique
         key and no dependencies, each of which takes statements of its own."""
         return self.idempotency_key is None and self.unique_key is None and not self.dependencies
-
-    @cached_property
-    def payload_text(self) -> str:
-        """The payload as the JSON text that is stored (validated and measured once)."""
-        return validation.payload(self.payload)
-
-    @cached_property
-    def dependencies(self) -> tuple[int | BatchItem, ...]:
-        """``depends_on``, checked, each job once, in the order given."""
-        return checked(self.depends_on) if self.depends_on else ()
 
     def queued_job(
         self,
