@@ -10,7 +10,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgqueue import Queue
+from pgqueue import Queue, WorkerProtocol
 from pgqueue_api import ApiSettings, create_app
 
 
@@ -28,12 +28,13 @@ def _get(api: httpx.Client, job_id: int) -> dict[str, Any]:
 
 def _run(queue: Queue, job_id: int, *, succeed: bool = True) -> None:
     """Claim the one runnable job, which must be ``job_id``, and ack or fail it."""
-    [job] = queue.claim(["default"], ["echo"])
+    protocol = WorkerProtocol(queue)
+    [job] = protocol.claim(["default"], ["echo"])
     assert job.id == job_id
     if succeed:
-        queue.ack(job, None)
+        protocol.ack(job, None)
     else:
-        queue.fail(job, "boom")
+        protocol.fail(job, "boom")
 
 
 def _job_count(queue: Queue) -> int:

@@ -12,7 +12,7 @@ import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
-from pgqueue import Queue, WorkerRegistration
+from pgqueue import Queue, WorkerProtocol, WorkerRegistration
 
 
 def _count_jobs(db: psycopg.Connection, schema: str) -> int:
@@ -65,13 +65,14 @@ def test_concurrent_differing_posts_give_one_201_and_409s(api: httpx.Client, db,
 def test_get_job_shows_the_error_history_and_no_last_error_after_success(
     api: httpx.Client, queue: Queue, db, schema
 ) -> None:
+    protocol = WorkerProtocol(queue)
     job_id = api.post("/jobs", json={"task": "t"}).json()["id"]
-    (claimed,) = queue.claim(["default"], ["t"], worker_id="w1")
-    queue.fail(claimed, "first try broke")
+    (claimed,) = protocol.claim(["default"], ["t"], worker_id="w1")
+    protocol.fail(claimed, "first try broke")
     assert api.get(f"/jobs/{job_id}").json()["last_error"] == "first try broke"
     db.execute(sql.SQL("UPDATE {}.active_jobs SET run_at = now()").format(sql.Identifier(schema)))
-    (claimed,) = queue.claim(["default"], ["t"], worker_id="w2")
-    queue.ack(claimed, "done")
+    (claimed,) = protocol.claim(["default"], ["t"], worker_id="w2")
+    protocol.ack(claimed, "done")
 
     job = api.get(f"/jobs/{job_id}").json()
     assert job["state"] == "succeeded" and job["last_error"] is None

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from pgqueue import LeaseLost, Queue
+from pgqueue import LeaseLost, Queue, WorkerProtocol
 
 
 def _enqueue(api: httpx.Client, **fields) -> dict:
@@ -17,9 +17,10 @@ def _enqueue(api: httpx.Client, **fields) -> dict:
 
 
 def test_get_job_shows_state_attempts_last_error_and_timestamps(api: httpx.Client, queue: Queue):
+    protocol = WorkerProtocol(queue)
     created = _enqueue(api, payload={"n": 1}, max_attempts=2)
-    [claimed] = queue.claim(["default"], ["echo"])
-    queue.fail(claimed, "first try broke")
+    [claimed] = protocol.claim(["default"], ["echo"])
+    protocol.fail(claimed, "first try broke")
     job = api.get(f"/jobs/{created['id']}").json()
     assert job["state"] == "queued" and job["attempts"] == 1 and job["max_attempts"] == 2
     assert job["last_error"] == "first try broke"
@@ -28,9 +29,10 @@ def test_get_job_shows_state_attempts_last_error_and_timestamps(api: httpx.Clien
 
 
 def test_get_job_of_a_succeeded_job_has_its_result(api: httpx.Client, queue: Queue):
+    protocol = WorkerProtocol(queue)
     created = _enqueue(api)
-    [claimed] = queue.claim(["default"], ["echo"])
-    queue.ack(claimed, {"answer": 42})
+    [claimed] = protocol.claim(["default"], ["echo"])
+    protocol.ack(claimed, {"answer": 42})
     job = api.get(f"/jobs/{created['id']}").json()
     assert job["state"] == "succeeded" and job["result"] == {"answer": 42}
     assert job["attempts"] == 1 and job["finished_at"] is not None
@@ -97,18 +99,20 @@ def test_cancel_queued_job_returns_it_cancelled(api: httpx.Client):
 
 
 def test_cancel_running_job_revokes_its_lease(api: httpx.Client, queue: Queue):
+    protocol = WorkerProtocol(queue)
     created = _enqueue(api)
-    [claimed] = queue.claim(["default"], ["echo"])
+    [claimed] = protocol.claim(["default"], ["echo"])
     assert api.post(f"/jobs/{created['id']}/cancel").json()["state"] == "cancelled"
     with pytest.raises(LeaseLost):
-        queue.ack(claimed, "too late")
+        protocol.ack(claimed, "too late")
     assert api.get(f"/jobs/{created['id']}").json()["state"] == "cancelled"
 
 
 def test_cancelling_a_finished_job_is_409(api: httpx.Client, queue: Queue):
+    protocol = WorkerProtocol(queue)
     created = _enqueue(api)
-    [claimed] = queue.claim(["default"], ["echo"])
-    queue.ack(claimed, None)
+    [claimed] = protocol.claim(["default"], ["echo"])
+    protocol.ack(claimed, None)
     response = api.post(f"/jobs/{created['id']}/cancel")
     assert response.status_code == 409
     assert response.json()["detail"] == f"cannot cancel job {created['id']}: it is succeeded"
@@ -120,17 +124,18 @@ def test_cancel_or_retry_of_an_unknown_job_is_404(api: httpx.Client):
 
 
 def test_retry_puts_a_dead_job_back_runnable_with_attempts_reset(api: httpx.Client, queue: Queue):
+    protocol = WorkerProtocol(queue)
     created = _enqueue(
         api, max_attempts=1, run_at=(datetime.now(UTC) - timedelta(hours=1)).isoformat()
     )
-    [claimed] = queue.claim(["default"], ["echo"])
-    assert queue.fail(claimed, "boom").state.value == "dead"
+    [claimed] = protocol.claim(["default"], ["echo"])
+    assert protocol.fail(claimed, "boom").state.value == "dead"
     response = api.post(f"/jobs/{created['id']}/retry")
     assert response.status_code == 200
     job = response.json()
     assert job["state"] == "queued" and job["attempts"] == 0
     assert datetime.fromisoformat(job["run_at"]) > datetime.fromisoformat(created["run_at"])
-    assert [j.id for j in queue.claim(["default"], ["echo"])] == [created["id"]]
+    assert [j.id for j in protocol.claim(["default"], ["echo"])] == [created["id"]]
 
 
 def test_retry_of_a_cancelled_job_works_and_of_a_queued_job_is_409(api: httpx.Client):
@@ -141,11 +146,12 @@ def test_retry_of_a_cancelled_job_works_and_of_a_queued_job_is_409(api: httpx.Cl
 
 
 def test_queues_counts_jobs_by_state_and_ages_the_oldest_runnable(api: httpx.Client, queue: Queue):
+    protocol = WorkerProtocol(queue)
     for _ in range(3):
         _enqueue(api, queue="mail")
     _enqueue(api, queue="later", delay_seconds=3600)
-    [claimed] = queue.claim(["mail"], ["echo"])
-    queue.ack(claimed, None)
+    [claimed] = protocol.claim(["mail"], ["echo"])
+    protocol.ack(claimed, None)
     queues = {q["queue"]: q for q in api.get("/queues").json()["queues"]}
     assert queues["mail"]["counts"] == {
         "waiting": 0,

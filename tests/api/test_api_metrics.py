@@ -8,7 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgqueue import JobState, Queue
+from pgqueue import JobState, Queue, WorkerProtocol
 
 
 def _scrape(api: httpx.Client) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -36,14 +36,15 @@ def _enqueue(api: httpx.Client, count: int, **fields) -> list[int]:
 
 
 def test_metrics_match_known_job_counts(api: httpx.Client, queue: Queue):
+    protocol = WorkerProtocol(queue)
     _enqueue(api, 5, queue="mail", max_attempts=1)
     _enqueue(api, 2, queue="reports", max_attempts=3)
-    done, broken, _still_running = queue.claim(["mail"], ["echo"], limit=3)
-    queue.ack(done, {"ok": True})
-    queue.fail(broken, "boom")  # max_attempts=1: dead
+    done, broken, _still_running = protocol.claim(["mail"], ["echo"], limit=3)
+    protocol.ack(done, {"ok": True})
+    protocol.fail(broken, "boom")  # max_attempts=1: dead
     api.post(f"/jobs/{queue.list(queue='mail', state='queued').jobs[0].id}/cancel")
-    [retried] = queue.claim(["reports"], ["echo"])
-    queue.fail(retried, "transient")  # back to queued
+    [retried] = protocol.claim(["reports"], ["echo"])
+    protocol.fail(retried, "transient")  # back to queued
 
     samples = _scrape(api)
     assert {state.value: _jobs(samples, "mail", state.value) for state in JobState} == {
@@ -62,10 +63,11 @@ def test_metrics_match_known_job_counts(api: httpx.Client, queue: Queue):
 
 
 def test_counters_survive_pruning_while_gauges_drop(api: httpx.Client, queue: Queue):
+    protocol = WorkerProtocol(queue)
     _enqueue(api, 3, max_attempts=1)
-    first, second = queue.claim(["default"], ["echo"], limit=2)
-    queue.ack(first, None)
-    queue.fail(second, "boom")
+    first, second = protocol.claim(["default"], ["echo"], limit=2)
+    protocol.ack(first, None)
+    protocol.fail(second, "boom")
     assert queue.prune(0) == 2
 
     samples = _scrape(api)
@@ -83,13 +85,14 @@ def test_gauges_stay_exact_under_concurrent_enqueue_claim_ack_and_fail(
     lock = threading.Lock()
 
     def produce_and_work(worker: int) -> None:
+        protocol = WorkerProtocol(queue)
         _enqueue(api, 40, queue=f"q{worker % 2}", max_attempts=2)
         for _ in range(6):
-            jobs = queue.claim(["q0", "q1"], ["echo"], limit=5)
+            jobs = protocol.claim(["q0", "q1"], ["echo"], limit=5)
             if not jobs:
                 return
-            queue.ack_many([(job, None) for job in jobs[1:]])
-            queue.fail(jobs[0], "boom")
+            protocol.ack_many([(job, None) for job in jobs[1:]])
+            protocol.fail(jobs[0], "boom")
             with lock:
                 failures.append(jobs[0].id)
 

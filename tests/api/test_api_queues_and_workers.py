@@ -11,7 +11,7 @@ import pytest
 from api_support import RunningApi
 from prometheus_client.parser import text_string_to_metric_families
 
-from pgqueue import Queue, WorkerRegistration
+from pgqueue import Queue, WorkerProtocol, WorkerRegistration
 
 
 def _worker(worker_id: str, queues: list[str], tasks: list[str]) -> WorkerRegistration:
@@ -27,6 +27,7 @@ def _queues(api: httpx.Client) -> dict[str, dict]:
 def test_queues_show_settings_and_patch_changes_only_what_is_given(
     api: httpx.Client, queue: Queue
 ) -> None:
+    protocol = WorkerProtocol(queue)
     queue.enqueue("echo", queue="mail")
     mail = _queues(api)["mail"]
     assert (mail["paused"], mail["concurrency_limit"], mail["rate_limit"]) == (False, None, None)
@@ -49,15 +50,16 @@ def test_queues_show_settings_and_patch_changes_only_what_is_given(
     }
     mail = _queues(api)["mail"]
     assert (mail["paused"], mail["concurrency_limit"], mail["rate_limit"]) == (True, 3, None)
-    assert queue.claim(["mail"], ["echo"]) == []
+    assert protocol.claim(["mail"], ["echo"]) == []
 
 
 def test_pause_and_resume_are_shortcuts(api: httpx.Client, queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     queue.enqueue("echo")
     assert api.post("/queues/default/pause").json()["paused"] is True
-    assert queue.claim(["default"], ["echo"]) == []
+    assert protocol.claim(["default"], ["echo"]) == []
     assert api.post("/queues/default/resume").json()["paused"] is False
-    assert len(queue.claim(["default"], ["echo"])) == 1
+    assert len(protocol.claim(["default"], ["echo"])) == 1
 
 
 @pytest.mark.parametrize(
@@ -106,10 +108,11 @@ def test_nan_is_422(api: httpx.Client, queue: Queue) -> None:
 def test_workers_lists_the_live_workers_with_their_running_jobs(
     api: httpx.Client, queue: Queue
 ) -> None:
+    protocol = WorkerProtocol(queue)
     assert api.get("/workers").json() == {"workers": []}
     queue.register_worker(_worker("h:1:a", ["default", "mail"], ["echo"]))
     queue.enqueue("echo")
-    queue.claim(["default"], ["echo"], worker_id="h:1:a")
+    protocol.claim(["default"], ["echo"], worker_id="h:1:a")
     [worker] = api.get("/workers").json()["workers"]
     assert worker["id"] == "h:1:a"
     assert (worker["queues"], worker["tasks"], worker["concurrency"]) == (

@@ -11,7 +11,7 @@ import psycopg
 from prometheus_client.parser import text_string_to_metric_families
 from psycopg import sql
 
-from pgqueue import Queue, queries
+from pgqueue import Queue, WorkerProtocol, queries
 
 RUN = "pgqueue_job_run_seconds"
 
@@ -32,25 +32,27 @@ def _sample(samples, name: str, **labels: str) -> float:
 
 def _ack_after(queue: Queue, db: psycopg.Connection, schema: str, task: str, seconds: float):
     """Claim one job of ``task`` and ack it as if it had run ``seconds``."""
-    [job] = queue.claim(["mail", "images"], [task])
+    protocol = WorkerProtocol(queue)
+    [job] = protocol.claim(["mail", "images"], [task])
     db.execute(
         sql.SQL(
             "UPDATE {}.active_jobs SET started_at = now() - make_interval(secs => %s) WHERE id = %s"
         ).format(sql.Identifier(schema)),
         (seconds, job.id),
     )
-    queue.ack(job, None)
+    protocol.ack(job, None)
 
 
 def test_run_times_are_a_histogram_per_queue_and_task(api: httpx.Client, queue: Queue, db, schema):
+    protocol = WorkerProtocol(queue)
     for _ in range(3):
         queue.enqueue("echo", queue="mail")
     queue.enqueue("resize", queue="images")
     _ack_after(queue, db, schema, "echo", 0.1)
     _ack_after(queue, db, schema, "echo", 2.0)
     _ack_after(queue, db, schema, "resize", 40.0)
-    [failing] = queue.claim(["mail"], ["echo"])
-    queue.fail(failing, "boom")  # failed attempts are not in it
+    [failing] = protocol.claim(["mail"], ["echo"])
+    protocol.fail(failing, "boom")  # failed attempts are not in it
 
     samples = _scrape(api)
     mail = {"queue": "mail", "task": "echo"}

@@ -40,6 +40,7 @@ from pgqueue import (
     Lease,
     LifecycleHooks,
     Queue,
+    WorkerProtocol,
     get_plugin_manager,
     hookimpl,
 )
@@ -207,13 +208,14 @@ def test_a_stale_outcome_batched_with_the_current_one_of_the_same_job_is_not_ack
     pm = get_plugin_manager(load_entrypoints=False)
     pm.register(recorder, name="success-recorder")
     with Queue.connect(server_database, schema=SCHEMA, hooks=LifecycleHooks(pm)) as queue:
+        protocol = WorkerProtocol(queue)
         job_id = queue.enqueue("fault_work", {}).job.id
-        [stale] = queue.claim(["default"], ["fault_work"], 1)
+        [stale] = protocol.claim(["default"], ["fault_work"], 1)
         queue.cancel(job_id)
         queue.retry(job_id)
-        [current] = queue.claim(["default"], ["fault_work"], 1)
+        [current] = protocol.claim(["default"], ["fault_work"], 1)
 
-        batch = queue.ack_many([(stale, {"by": "stale"}), (current, {"by": "current"})])
+        batch = protocol.ack_many([(stale, {"by": "stale"}), (current, {"by": "current"})])
         stored = queue.get(job_id)
 
     assert [(job.id, job.attempts) for job in batch.succeeded] == [(job_id, 1)]
@@ -234,15 +236,17 @@ def test_a_heartbeat_skips_rows_an_ack_holds_instead_of_waiting_for_them(start_s
     prepare_schema(url)
     outcome: dict[str, Any] = {}
     with Queue.connect(url, schema=SCHEMA, max_size=4) as queue, psycopg.connect(url) as holder:
+        protocol = WorkerProtocol(queue)
         queue.enqueue_many(work_jobs(3, "trio"))
         first, second, third = sorted(
-            queue.claim(["default"], ["fault_work"], 3, lease_seconds=60), key=lambda job: job.id
+            protocol.claim(["default"], ["fault_work"], 3, lease_seconds=60),
+            key=lambda job: job.id,
         )
         fault_sql.execute(holder, "jobs_lock_rows", {"ids": [second.id]}, schema=SCHEMA)
 
         def ack() -> None:
             try:
-                outcome["ack"] = queue.ack_many([(first, 1), (second, 2)])
+                outcome["ack"] = protocol.ack_many([(first, 1), (second, 2)])
             except DatabaseUnavailable as exc:
                 outcome["ack"] = exc
 
@@ -253,12 +257,12 @@ def test_a_heartbeat_skips_rows_an_ack_holds_instead_of_waiting_for_them(start_s
             what="the ack to wait for the held row",
         )
         leases = [Lease(job.id, job.lease_token) for job in (third, second, first)]
-        lost_while_locked = queue.heartbeat(leases, 120)
+        lost_while_locked = protocol.heartbeat(leases, 120)
         still_waiting = fault_sql.run(url, "sessions_waiting_on_locks")[0]["waiting"]
         extended = queue.get(third.id).lease_expires_at
         holder.rollback()
         acker.join(60)
-        lost_after_ack = queue.heartbeat(leases, 120)
+        lost_after_ack = protocol.heartbeat(leases, 120)
 
     # Locked rows were skipped, not waited for and not called lost; the free one was
     # extended (to two minutes, from the claim's one).

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 from fault_support import SCHEMA, FaultRun, prepare_schema, send_via_api, serve_api, work_jobs
 
-from pgqueue import JobSpec, JobState, Lease, LeaseLost, Queue, Waiter
+from pgqueue import JobSpec, JobState, Lease, LeaseLost, Queue, Waiter, WorkerProtocol
 from pgqueue.claiming import default_worker_id
 from pgqueue_api import ApiSettings
 from pgqueue_bench import audit
@@ -213,22 +213,27 @@ def test_two_lives_of_a_worker_with_the_same_id_are_kept_apart_by_their_lease_to
     # In a container every worker may be pid 1 on the same host name.
     same_id = "worker-7f9c:1:0"
     with Queue.connect(url, schema=SCHEMA) as queue:
+        protocol = WorkerProtocol(queue)
         queue.enqueue_many(work_jobs(1, "life"))
-        [first] = queue.claim(["default"], ["fault_work"], 1, lease_seconds=60, worker_id=same_id)
+        [first] = protocol.claim(
+            ["default"], ["fault_work"], 1, lease_seconds=60, worker_id=same_id
+        )
         fault_sql.run(url, "job_expire_lease", {"ids": [first.id]}, schema=SCHEMA)
-        assert [job.id for job in queue.reap()] == [first.id]
+        assert [job.id for job in protocol.reap()] == [first.id]
         queue.pool.check()
         wait_runnable(queue)
-        [second] = queue.claim(["default"], ["fault_work"], 1, lease_seconds=60, worker_id=same_id)
+        [second] = protocol.claim(
+            ["default"], ["fault_work"], 1, lease_seconds=60, worker_id=same_id
+        )
 
         assert (second.id, second.worker_id) == (first.id, first.worker_id)
         assert second.lease_token != first.lease_token
-        assert queue.heartbeat([Lease(first.id, first.lease_token)]) == {first.id}
+        assert protocol.heartbeat([Lease(first.id, first.lease_token)]) == {first.id}
         with pytest.raises(LeaseLost):
-            queue.ack(first, {"life": 1})
+            protocol.ack(first, {"life": 1})
         with pytest.raises(LeaseLost):
-            queue.fail(first, "the first life's failure")
-        done = queue.ack(second, {"life": 2})
+            protocol.fail(first, "the first life's failure")
+        done = protocol.ack(second, {"life": 2})
 
     assert (done.state, done.attempts, done.result) == (JobState.SUCCEEDED, 2, {"life": 2})
     # Left to itself, pgqueue never hands out the same id twice: host:pid plus a nonce.
@@ -237,8 +242,9 @@ def test_two_lives_of_a_worker_with_the_same_id_are_kept_apart_by_their_lease_to
 
 def wait_runnable(queue: Queue) -> None:
     """Wait out the reaped job's retry backoff (one second at most by default)."""
+    protocol = WorkerProtocol(queue)
     deadline = time.monotonic() + 30
-    while (queue.next_run_in(["default"], ["fault_work"]) or 0) > 0:
+    while (protocol.next_run_in(["default"], ["fault_work"]) or 0) > 0:
         assert time.monotonic() < deadline
         time.sleep(0.05)
 
@@ -253,9 +259,10 @@ def test_a_notification_carries_the_queue_name_and_never_the_payload(
         psycopg.connect(url, autocommit=True) as listener,
         Queue.connect(url, schema=SCHEMA) as queue,
     ):
-        queue.listen(listener)
+        protocol = WorkerProtocol(queue)
+        protocol.listen(listener)
         # A worker waits on both queues: its claim for a task nobody enqueues came back empty.
-        queue.claim(["default", "other"], ["nothing"], waiter=Waiter("w/0", 60.0))
+        protocol.claim(["default", "other"], ["nothing"], waiter=Waiter("w/0", 60.0))
         queue.enqueue("fault_work", {"blob": secret})
         queue.enqueue_many(work_jobs(500, "bulk"))
         queue.enqueue("fault_work", {"blob": secret}, queue="other")

@@ -22,7 +22,7 @@ import fault_sql
 from fault_support import SCHEMA, FaultRun, prepare_schema, work_jobs
 from polling import wait_for
 
-from pgqueue import JobState, LeaseLost, Queue
+from pgqueue import JobState, LeaseLost, Queue, WorkerProtocol
 from pgqueue_bench import audit
 
 
@@ -89,10 +89,11 @@ def _race_once(queue: Queue, url: str) -> tuple[set[int], set[int], set[int]]:
     third reaps. Returns the ids each side won, and the ids whose ack was refused."""
     # A queue of the round's own: the jobs an earlier round's reaper put back are
     # runnable again after their short backoff, and would compete for this claim.
+    protocol = WorkerProtocol(queue)
     name = f"race-{os.urandom(4).hex()}"
     specs = [replace(spec, queue=name) for spec in work_jobs(RACE_JOBS, name)]
     ids = [result.job.id for result in queue.enqueue_many(specs)]
-    jobs = queue.claim([name], ["fault_work"], RACE_JOBS, lease_seconds=60)
+    jobs = protocol.claim([name], ["fault_work"], RACE_JOBS, lease_seconds=60)
     assert sorted(job.id for job in jobs) == sorted(ids)
     fault_sql.run(url, "job_expire_lease", {"ids": ids}, schema=SCHEMA)
 
@@ -102,18 +103,20 @@ def _race_once(queue: Queue, url: str) -> tuple[set[int], set[int], set[int]]:
     start = threading.Barrier(3)
 
     def ack(share: list) -> None:
+        protocol = WorkerProtocol(queue)
         start.wait()
         for job in share:
             try:
-                queue.ack(job, {"by": "late worker"})
+                protocol.ack(job, {"by": "late worker"})
                 acked.add(job.id)
             except LeaseLost:
                 refused.add(job.id)
 
     def reap() -> None:
+        protocol = WorkerProtocol(queue)
         start.wait()
         while True:
-            batch = queue.reap(limit=3)
+            batch = protocol.reap(limit=3)
             if batch is None:
                 continue  # the other reaper call of this round still holds the lock
             if not batch:

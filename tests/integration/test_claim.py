@@ -6,15 +6,16 @@ from collections import Counter
 
 import pytest
 
-from pgqueue import JobSpec, JobState, Queue
+from pgqueue import JobSpec, JobState, Queue, WorkerProtocol
 
 
 def test_claim_takes_many_jobs_in_priority_then_run_at_order(queue):
+    protocol = WorkerProtocol(queue)
     low = queue.enqueue("t", priority=-1).job
     first = queue.enqueue("t", priority=0).job
     second = queue.enqueue("t", priority=0).job
     urgent = queue.enqueue("t", priority=10).job
-    claimed = queue.claim(["default"], ["t"], limit=10, worker_id="w")
+    claimed = protocol.claim(["default"], ["t"], limit=10, worker_id="w")
     assert [j.id for j in claimed] == [urgent.id, first.id, second.id, low.id]
     assert all(j.state is JobState.RUNNING and j.attempts == 1 for j in claimed)
     assert len({j.lease_token for j in claimed}) == 4
@@ -24,9 +25,10 @@ def test_claim_takes_many_jobs_in_priority_then_run_at_order(queue):
 def test_a_claimed_job_is_its_row_as_the_claim_left_it(queue):
     # The claim returns per row only what differs between rows; the rest (state,
     # worker, start and lease expiry) comes once per claim and must match every row.
+    protocol = WorkerProtocol(queue)
     queue.enqueue("t", {"n": 1}, idempotency_key="k1", timeout_seconds=2.5)
     queue.enqueue("t", {"n": 2}, priority=3, max_attempts=7)
-    claimed = queue.claim(["default"], ["t"], limit=5, lease_seconds=12.5, worker_id="w-9")
+    claimed = protocol.claim(["default"], ["t"], limit=5, lease_seconds=12.5, worker_id="w-9")
     assert len(claimed) == 2
     for job in claimed:
         assert job == queue.get(job.id)
@@ -34,17 +36,18 @@ def test_a_claimed_job_is_its_row_as_the_claim_left_it(queue):
 
 
 def test_claim_respects_limit_queues_tasks_and_run_at(queue):
+    protocol = WorkerProtocol(queue)
     queue.enqueue("mine", queue="a")
     queue.enqueue("mine", queue="b")
     queue.enqueue("theirs", queue="a")
     queue.enqueue("mine", queue="a", delay_seconds=3600)
     queue.enqueue("mine", queue="a")
-    claimed = queue.claim(["a"], ["mine"], limit=1)
+    claimed = protocol.claim(["a"], ["mine"], limit=1)
     assert len(claimed) == 1
-    rest = queue.claim(["a"], ["mine"], limit=10)
+    rest = protocol.claim(["a"], ["mine"], limit=10)
     assert len(rest) == 1
     assert {(j.queue, j.task) for j in claimed + rest} == {("a", "mine")}
-    assert queue.claim(["a"], [], limit=10) == []
+    assert protocol.claim(["a"], [], limit=10) == []
 
 
 @pytest.mark.parametrize("mode", ["skip-locked", "for-update"])
@@ -56,9 +59,10 @@ def test_concurrent_claimers_never_share_a_job_and_together_take_all(queue, mode
     barrier = threading.Barrier(8)
 
     def claimer(n: int) -> None:
+        protocol = WorkerProtocol(queue)
         barrier.wait()
         while True:
-            jobs = queue.claim(["default"], ["t"], limit=1 + n % 7, worker_id=f"w{n}", mode=mode)
+            jobs = protocol.claim(["default"], ["t"], limit=1 + n % 7, worker_id=f"w{n}", mode=mode)
             if not jobs:
                 return
             with lock:
@@ -75,22 +79,24 @@ def test_concurrent_claimers_never_share_a_job_and_together_take_all(queue, mode
 
 
 def test_next_run_in_is_the_wait_for_the_earliest_queued_job_of_these_tasks(queue):
-    assert queue.next_run_in(["default"], ["t"]) is None
+    protocol = WorkerProtocol(queue)
+    assert protocol.next_run_in(["default"], ["t"]) is None
     queue.enqueue("t", delay_seconds=50)
     queue.enqueue("other", delay_seconds=5)
-    assert 40 < queue.next_run_in(["default"], ["t"]) <= 50
+    assert 40 < protocol.next_run_in(["default"], ["t"]) <= 50
     queue.enqueue("t")
-    assert queue.next_run_in(["default"], ["t"]) <= 0
+    assert protocol.next_run_in(["default"], ["t"]) <= 0
 
 
 def test_heartbeat_extends_held_leases_and_reports_lost_ones(queue):
+    protocol = WorkerProtocol(queue)
     queue.enqueue_many([JobSpec("t"), JobSpec("t")])
-    kept, cancelled = queue.claim(["default"], ["t"], limit=2, lease_seconds=5)
+    kept, cancelled = protocol.claim(["default"], ["t"], limit=2, lease_seconds=5)
     queue.cancel(cancelled.id)
     time.sleep(0.05)
     from pgqueue import Lease
 
-    lost = queue.heartbeat(
+    lost = protocol.heartbeat(
         [Lease(kept.id, kept.lease_token), Lease(cancelled.id, cancelled.lease_token)],
         lease_seconds=60,
     )
@@ -105,6 +111,7 @@ def test_claims_reuse_one_generic_plan_and_leave_the_connections_settings_alone(
     # A custom plan would plan the claim anew at every call (a generic plan prices its
     # LIMIT as a tenth of the table, so PostgreSQL would never pick it by itself).
     with Queue.connect(database_url, schema=schema, max_size=1) as queue:
+        protocol = WorkerProtocol(queue)
         if limited:
             queue.update_queue("default", concurrency_limit=1000, create=True)
         queue.enqueue_many([JobSpec("t", {"n": n}) for n in range(40)])
@@ -114,7 +121,7 @@ def test_claims_reuse_one_generic_plan_and_leave_the_connections_settings_alone(
             conn.commit()
         claimed = []
         for _ in range(20):
-            claimed += queue.claim(["default"], ["t"], limit=2, worker_id="w")
+            claimed += protocol.claim(["default"], ["t"], limit=2, worker_id="w")
         assert len(claimed) == 40
         with queue.pool.connection() as conn:
             statement = "job_claim_limited" if limited else "job_claim"

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pgqueue import Queue
+from pgqueue import Queue, WorkerProtocol
 
 PGQUEUE = [str(Path(sys.executable).parent / "pgqueue")]
 
@@ -67,10 +67,11 @@ def test_enqueue_depends_on_job_shows_both_directions_and_status_counts_waiting(
 def test_a_dependency_that_already_succeeded_is_met_at_once(
     database_url: str, schema: str, queue: Queue
 ) -> None:
+    protocol = WorkerProtocol(queue)
     db = ["--database-url", database_url, "--schema", schema]
     done = queue.enqueue("build").job
-    [claimed] = queue.claim(["default"], ["build"])
-    queue.ack(claimed, None)
+    [claimed] = protocol.claim(["default"], ["build"])
+    protocol.ack(claimed, None)
     job = _json(_run("enqueue", "deploy", "--depends-on", str(done.id), *db))["job"]
     assert job["state"] == "queued"
 

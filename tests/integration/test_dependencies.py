@@ -23,11 +23,13 @@ from pgqueue import (
     Queue,
     UnknownDependencies,
     ValidationError,
+    WorkerProtocol,
 )
 
 
 def _claim_all(queue: Queue, task: str = "t", queue_name: str = "default") -> dict[int, Job]:
-    return {job.id: job for job in queue.claim([queue_name], [task], limit=1000)}
+    protocol = WorkerProtocol(queue)
+    return {job.id: job for job in protocol.claim([queue_name], [task], limit=1000)}
 
 
 def _pending(db: psycopg.Connection, schema: str, job_id: int) -> Any:
@@ -63,6 +65,7 @@ def _in_parallel(*calls: Callable[[], Any]) -> list[Any]:
 
 
 def test_a_job_waits_until_every_dependency_succeeded(queue: Queue, db, schema) -> None:
+    protocol = WorkerProtocol(queue)
     first, second = queue.enqueue("t").job, queue.enqueue("t").job
     waiting = queue.enqueue("t", {"n": 3}, depends_on=[first.id, second.id, first.id])
     assert waiting.created and waiting.job.state is JobState.WAITING
@@ -70,9 +73,9 @@ def test_a_job_waits_until_every_dependency_succeeded(queue: Queue, db, schema) 
     # A waiting job is never claimed.
     claimed = _claim_all(queue)
     assert set(claimed) == {first.id, second.id}
-    queue.ack(claimed[first.id])
+    protocol.ack(claimed[first.id])
     assert queue.get(waiting.job.id).state is JobState.WAITING
-    queue.ack(claimed[second.id])
+    protocol.ack(claimed[second.id])
     released = queue.get(waiting.job.id)
     assert released.state is JobState.QUEUED and _pending(db, schema, released.id) == 0
     assert set(_claim_all(queue)) == {waiting.job.id}
@@ -81,14 +84,16 @@ def test_a_job_waits_until_every_dependency_succeeded(queue: Queue, db, schema) 
 
 
 def test_a_dependency_that_already_succeeded_counts_as_met(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     done = queue.enqueue("t").job
-    queue.ack(_claim_all(queue)[done.id])
+    protocol.ack(_claim_all(queue)[done.id])
     dependent = queue.enqueue("t", depends_on=[done.id]).job
     assert dependent.state is JobState.QUEUED
     assert queue.dependencies(dependent.id).depends_on == [done.id]
 
 
 def test_fan_out_then_fan_in_of_a_hundred_jobs_into_one(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     root = queue.enqueue("root").job
     fanned = queue.enqueue_many(JobSpec("leaf", depends_on=[root.id]) for _ in range(100))
     batch = [JobSpec("leaf-2") for _ in range(100)] + [
@@ -98,20 +103,21 @@ def test_fan_out_then_fan_in_of_a_hundred_jobs_into_one(queue: Queue) -> None:
     assert joined.state is JobState.WAITING
     assert {r.job.state for r in fanned} == {JobState.WAITING}
 
-    queue.ack(_claim_all(queue, "root")[root.id])
+    protocol.ack(_claim_all(queue, "root")[root.id])
     leaves = _claim_all(queue, "leaf")
     assert len(leaves) == 100
     for job in list(leaves.values())[:99]:
-        queue.ack(job)
+        protocol.ack(job)
     for job in _claim_all(queue, "leaf-2").values():
-        queue.ack(job)
+        protocol.ack(job)
     assert queue.get(joined.id).state is JobState.WAITING
-    queue.ack(list(leaves.values())[99])
+    protocol.ack(list(leaves.values())[99])
     assert queue.get(joined.id).state is JobState.QUEUED
     assert len(queue.dependencies(joined.id).depends_on) == 200
 
 
 def test_a_chain_of_fifty_runs_in_order(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     chain = [queue.enqueue("t", {"n": 0}).job]
     for n in range(1, 50):
         chain.append(queue.enqueue("t", {"n": n}, depends_on=[chain[-1].id]).job)
@@ -123,17 +129,18 @@ def test_a_chain_of_fifty_runs_in_order(queue: Queue) -> None:
         # Only the head of the chain is ever runnable.
         assert len(claimed) == 1
         order.append(claimed[0].payload["n"])
-        queue.ack(claimed[0])
+        protocol.ack(claimed[0])
     assert order == list(range(50))
 
 
 def test_a_dead_dependency_cancels_its_whole_subtree(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     root = queue.enqueue("t", max_attempts=1).job
     other = queue.enqueue("other").job
     child = queue.enqueue("t", depends_on=[root.id]).job
     grandchild = queue.enqueue("t", depends_on=[child.id, other.id]).job
     unrelated = queue.enqueue("t", depends_on=[other.id]).job
-    queue.fail(_claim_all(queue)[root.id], "boom")
+    protocol.fail(_claim_all(queue)[root.id], "boom")
 
     assert queue.get(root.id).state is JobState.DEAD
     child_now, grandchild_now = queue.get(child.id), queue.get(grandchild.id)
@@ -147,11 +154,11 @@ def test_a_dead_dependency_cancels_its_whole_subtree(queue: Queue) -> None:
 
     # Retrying the dead dependency does not bring its dependents back.
     queue.retry(root.id)
-    queue.ack(_claim_all(queue)[root.id])
+    protocol.ack(_claim_all(queue)[root.id])
     assert queue.get(child.id).state is JobState.CANCELLED
     # A new dependent of a dead job is cancelled as it is enqueued.
     doomed = queue.enqueue("other", max_attempts=1).job
-    queue.fail(_claim_all(queue, "other")[doomed.id], "boom")
+    protocol.fail(_claim_all(queue, "other")[doomed.id], "boom")
     born = queue.enqueue("t", depends_on=[doomed.id, other.id])
     assert born.created and born.job.state is JobState.CANCELLED
     assert born.job.last_error == f"dependency {doomed.id} ended dead"
@@ -171,11 +178,12 @@ def test_cancelling_a_dependency_cancels_its_dependents_and_a_waiting_job_can_be
 
 
 def test_a_reaped_dependency_that_dies_cancels_its_dependents(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     dependency = queue.enqueue("t", max_attempts=1).job
     dependent = queue.enqueue("t", depends_on=[dependency.id]).job
-    queue.claim(["default"], ["t"], limit=1, lease_seconds=0.2)
+    protocol.claim(["default"], ["t"], limit=1, lease_seconds=0.2)
     time.sleep(0.4)
-    (reaped,) = queue.reap()
+    (reaped,) = protocol.reap()
     assert reaped.state is JobState.DEAD
     assert queue.get(dependent.id).state is JobState.CANCELLED
 
@@ -247,6 +255,7 @@ def test_a_unique_key_on_a_waiting_job_is_held(queue: Queue) -> None:
 def test_concurrent_acks_of_the_last_two_dependencies_release_the_job_exactly_once(
     queue: Queue, db, schema
 ) -> None:
+    protocol = WorkerProtocol(queue)
     for _ in range(20):
         a, b = queue.enqueue("t").job, queue.enqueue("t").job
         dependent = queue.enqueue("after", depends_on=[a.id, b.id]).job
@@ -255,12 +264,13 @@ def test_concurrent_acks_of_the_last_two_dependencies_release_the_job_exactly_on
         assert queue.get(dependent.id).state is JobState.QUEUED
         assert _pending(db, schema, dependent.id) == 0
         (released,) = _claim_all(queue, "after").values()
-        queue.ack(released)
+        protocol.ack(released)
 
 
 def test_an_enqueue_racing_the_ack_of_its_dependency_is_never_stranded(
     queue: Queue, db, schema
 ) -> None:
+    protocol = WorkerProtocol(queue)
     for _ in range(30):
         dependency = queue.enqueue("t").job
         (running,) = _claim_all(queue).values()
@@ -272,7 +282,7 @@ def test_an_enqueue_racing_the_ack_of_its_dependency_is_never_stranded(
         assert queue.get(enqueued.job.id).state is JobState.QUEUED
         assert _pending(db, schema, enqueued.job.id) == 0
         (released,) = _claim_all(queue, "after").values()
-        queue.ack(released)
+        protocol.ack(released)
 
 
 def test_an_ack_that_waited_for_the_enqueue_of_a_dependent_queues_it(
@@ -281,13 +291,14 @@ def test_an_ack_that_waited_for_the_enqueue_of_a_dependent_queues_it(
     # The enqueue marks the running dependency in the caller's open transaction, so the
     # ack has to wait for that row; once the enqueue commits, the ack must see the new
     # dependency link although it did not exist when the ack's statement began.
+    protocol = WorkerProtocol(queue)
     dependency = queue.enqueue("t").job
     (running,) = _claim_all(queue).values()
     acked: list[Any] = []
     with psycopg.connect(database_url) as conn:
         conn.execute("SELECT 1")  # the caller's transaction, which the enqueue joins
         dependent = queue.enqueue("after", depends_on=[dependency.id], conn=conn).job
-        ack = threading.Thread(target=lambda: acked.append(queue.ack(running)))
+        ack = threading.Thread(target=lambda: acked.append(protocol.ack(running)))
         ack.start()
         deadline = time.monotonic() + 30
         blocked = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
@@ -302,10 +313,11 @@ def test_an_ack_that_waited_for_the_enqueue_of_a_dependent_queues_it(
 
 
 def test_pruning_a_dependent_removes_its_links(queue: Queue, db, schema) -> None:
+    protocol = WorkerProtocol(queue)
     dependency = queue.enqueue("t").job
     dependent = queue.enqueue("t", depends_on=[dependency.id]).job
-    queue.ack(_claim_all(queue)[dependency.id])
-    queue.ack(_claim_all(queue)[dependent.id])
+    protocol.ack(_claim_all(queue)[dependency.id])
+    protocol.ack(_claim_all(queue)[dependent.id])
     queue.prune(older_than=0.0)
     links = sql.SQL("SELECT count(*) FROM {}.job_dependencies").format(sql.Identifier(schema))
     assert db.execute(links).fetchone()[0] == 0
@@ -314,8 +326,9 @@ def test_pruning_a_dependent_removes_its_links(queue: Queue, db, schema) -> None
 def test_a_queue_whose_jobs_all_wait_can_be_paused(queue: Queue) -> None:
     # The queue exists: it has a job, which stats counts; a pause must not need
     # create=True for it, as it does not for a queue whose jobs are queued.
+    protocol = WorkerProtocol(queue)
     dependency = queue.enqueue("t", queue="first").job
     queue.enqueue("t", queue="then", depends_on=[dependency.id])
     assert {stats.queue: stats.counts["waiting"] for stats in queue.stats()}["then"] == 1
     assert queue.pause_queue("then").paused
-    assert queue.claim(["first"], ["t"])[0].id == dependency.id
+    assert protocol.claim(["first"], ["t"])[0].id == dependency.id

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from pgqueue import JobSpec, JobState, Queue, ValidationError, Waiter
+from pgqueue import JobSpec, JobState, Queue, ValidationError, Waiter, WorkerProtocol
 
 
 def test_enqueue_stores_the_job_with_database_timestamps(queue):
@@ -109,10 +109,11 @@ def test_transactional_enqueue_follows_the_callers_transaction(
 
 
 def test_enqueue_notifies_listeners_with_the_queue_name_only(queue, database_url, schema):
+    protocol = WorkerProtocol(queue)
     with psycopg.connect(database_url, autocommit=True) as listener:
         listener.execute(f"LISTEN {schema}_jobs")
         # A worker waits on the queue: its claim came back empty.
-        queue.claim(["emails"], ["echo"], waiter=Waiter("w/0", 30.0))
+        protocol.claim(["emails"], ["echo"], waiter=Waiter("w/0", 30.0))
         queue.enqueue("echo", {"secret": "not in the notification"}, queue="emails")
         notes = list(listener.notifies(timeout=10, stop_after=1))
     assert [n.payload for n in notes] == ["emails"]

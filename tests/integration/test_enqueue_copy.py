@@ -9,7 +9,7 @@ from datetime import UTC, datetime, timedelta
 import psycopg
 import pytest
 
-from pgqueue import JobSpec, Queue, Waiter
+from pgqueue import JobSpec, Queue, Waiter, WorkerProtocol
 from pgqueue.bulk import COPY_MIN_JOBS
 
 
@@ -83,9 +83,10 @@ def test_a_copied_batch_on_an_autocommit_connection_is_all_or_nothing(
 def test_a_copied_batch_wakes_only_the_queues_where_a_worker_waits(
     queue: Queue, database_url: str
 ) -> None:
+    protocol = WorkerProtocol(queue)
     with psycopg.connect(database_url, autocommit=True) as listener:
-        queue.listen(listener)
-        assert queue.claim(["mail"], ["echo"], waiter=Waiter("w/0", 30.0)) == []
+        protocol.listen(listener)
+        assert protocol.claim(["mail"], ["echo"], waiter=Waiter("w/0", 30.0)) == []
         queue.enqueue_many(
             [JobSpec("echo", queue="mail" if n % 2 else "sms") for n in range(COPY_MIN_JOBS)]
         )

@@ -13,14 +13,15 @@ from pathlib import Path
 import psycopg
 from psycopg import sql
 
-from pgqueue import JobState, Queue
+from pgqueue import JobState, Queue, WorkerProtocol
 from pgqueue.job import ERROR_HISTORY_CHARS, ERRORS_KEPT
 
 PGQUEUE = [str(Path(sys.executable).parent / "pgqueue")]
 
 
 def _claim(queue: Queue, worker_id: str = "w1", **options):
-    (job,) = queue.claim(["default"], ["t"], limit=1, worker_id=worker_id, **options)
+    protocol = WorkerProtocol(queue)
+    (job,) = protocol.claim(["default"], ["t"], limit=1, worker_id=worker_id, **options)
     return job
 
 
@@ -40,18 +41,19 @@ def _expire_leases(db: psycopg.Connection, schema: str) -> None:
 def test_a_success_clears_last_error_and_keeps_every_failed_attempt(
     queue: Queue, db, schema
 ) -> None:
+    protocol = WorkerProtocol(queue)
     job = queue.enqueue("t", max_attempts=5).job
     assert queue.get(job.id).errors == []
 
-    queue.fail(_claim(queue, "w1"), RuntimeError("first try broke"))
+    protocol.fail(_claim(queue, "w1"), RuntimeError("first try broke"))
     _runnable_now(db, schema)
     # A claim hands the worker the history too.
     assert [e["attempt"] for e in _claim(queue, "w2").errors] == [1]
     _expire_leases(db, schema)
-    (reaped,) = queue.reap()
+    (reaped,) = protocol.reap()
     assert reaped.last_error.startswith("lease expired")
     _runnable_now(db, schema)
-    done = queue.ack(_claim(queue, "w3"), {"ok": True})
+    done = protocol.ack(_claim(queue, "w3"), {"ok": True})
 
     assert done.last_error is None
     stored = queue.get(job.id)
@@ -66,10 +68,11 @@ def test_a_success_clears_last_error_and_keeps_every_failed_attempt(
 def test_the_history_keeps_the_latest_attempts_each_cut_to_a_bounded_length(
     queue: Queue, db, schema
 ) -> None:
+    protocol = WorkerProtocol(queue)
     queue.enqueue("t", max_attempts=ERRORS_KEPT + 5)
     long_error = "x" * (ERROR_HISTORY_CHARS + 500)
     for attempt in range(1, ERRORS_KEPT + 6):
-        failed = queue.fail(_claim(queue), f"attempt {attempt} {long_error}")
+        failed = protocol.fail(_claim(queue), f"attempt {attempt} {long_error}")
         _runnable_now(db, schema)
     assert failed.state is JobState.DEAD
     assert [e["attempt"] for e in failed.errors] == list(range(6, ERRORS_KEPT + 6))
@@ -80,16 +83,18 @@ def test_the_history_keeps_the_latest_attempts_each_cut_to_a_bounded_length(
 
 
 def test_a_retried_job_keeps_the_errors_that_made_it_die(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     job = queue.enqueue("t", max_attempts=1).job
-    queue.fail(_claim(queue), "gave up")
+    protocol.fail(_claim(queue), "gave up")
     retried = queue.retry(job.id)
     assert retried.state is JobState.QUEUED
     assert [e["error"] for e in retried.errors] == ["gave up"]
 
 
 def test_pgqueue_job_shows_the_error_history(queue: Queue, database_url, schema) -> None:
+    protocol = WorkerProtocol(queue)
     job = queue.enqueue("t", max_attempts=3).job
-    queue.fail(_claim(queue, "w1"), "no luck")
+    protocol.fail(_claim(queue, "w1"), "no luck")
     out = subprocess.run(
         [*PGQUEUE, "job", str(job.id), "--database-url", database_url, "--schema", schema],
         capture_output=True,

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgqueue import JobState, Queue, history
+from pgqueue import JobState, Queue, WorkerProtocol, history
 from pgqueue.errors import JobNotFound
 
 
@@ -20,11 +20,12 @@ def _count(db: psycopg.Connection, schema: str, table: str) -> int:
 
 
 def _finished(queue: Queue, count: int, *, key_prefix: str) -> list[int]:
+    protocol = WorkerProtocol(queue)
     ids = []
     for n in range(count):
         queue.enqueue("t", {"n": n}, queue="old", idempotency_key=f"{key_prefix}-{n}")
-        (job,) = queue.claim(["old"], ["t"])
-        queue.ack(job, {"n": n})
+        (job,) = protocol.claim(["old"], ["t"])
+        protocol.ack(job, {"n": n})
         ids.append(job.id)
     return ids
 
@@ -32,10 +33,11 @@ def _finished(queue: Queue, count: int, *, key_prefix: str) -> list[int]:
 def test_finishing_moves_a_job_out_of_the_active_table_and_retry_brings_it_back(
     queue: Queue, db, schema
 ):
+    protocol = WorkerProtocol(queue)
     job = queue.enqueue("t", max_attempts=1).job
     assert _count(db, schema, "active_jobs") == 1
-    (claimed,) = queue.claim(["default"], ["t"])
-    dead = queue.fail(claimed, "boom")
+    (claimed,) = protocol.claim(["default"], ["t"])
+    dead = protocol.fail(claimed, "boom")
 
     assert dead.state is JobState.DEAD
     assert _count(db, schema, "active_jobs") == 0
@@ -58,6 +60,7 @@ def test_finishing_moves_a_job_out_of_the_active_table_and_retry_brings_it_back(
 
 
 def test_counts_follow_every_move_without_triggers(queue: Queue, db, schema):
+    protocol = WorkerProtocol(queue)
     assert (
         db.execute(
             "SELECT count(*) FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid"
@@ -68,13 +71,13 @@ def test_counts_follow_every_move_without_triggers(queue: Queue, db, schema):
         == 0
     )
     ids = [queue.enqueue("t", max_attempts=2).job.id for _ in range(6)]
-    first, second, third, fourth = queue.claim(["default"], ["t"], limit=4)
-    queue.ack(first, None)
-    queue.fail(second, "again")  # back to queued
+    first, second, third, fourth = protocol.claim(["default"], ["t"], limit=4)
+    protocol.ack(first, None)
+    protocol.fail(second, "again")  # back to queued
     queue.cancel(third.id)
     queue.cancel(ids[5])  # cancelled while queued
     queue.retry(ids[5])
-    queue.ack(fourth, None)
+    protocol.ack(fourth, None)
 
     stats = {s.queue: s.counts for s in queue.stats()}["default"]
     assert stats == {
@@ -121,6 +124,7 @@ def test_a_day_past_its_retention_is_dropped_whole_with_its_keys_and_counts(
 
 
 def test_the_coming_days_exist_after_migrating_and_a_pruner_round(queue: Queue, db, schema):
+    protocol = WorkerProtocol(queue)
     found, today, _ = history.days(db, schema)
     expected = {
         (state, today + timedelta(days=n))
@@ -132,7 +136,7 @@ def test_the_coming_days_exist_after_migrating_and_a_pruner_round(queue: Queue, 
     assert {(d.state, d.day) for d in history.days(db, schema)[0]} == expected
     # Jobs finishing now land in today's partition, not the DEFAULT one.
     job = queue.enqueue("t").job
-    queue.ack(queue.claim(["default"], ["t"])[0], None)
+    protocol.ack(protocol.claim(["default"], ["t"])[0], None)
     assert _count(db, schema, history.Day(JobState.SUCCEEDED, today).name) == 1
     assert _count(db, schema, history.default_partition(JobState.SUCCEEDED)) == 0
     assert queue.get(job.id).state is JobState.SUCCEEDED

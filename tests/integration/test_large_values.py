@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgqueue import JobSpec, JobState, Queue, ValidationError, outcomes
+from pgqueue import JobSpec, JobState, Queue, ValidationError, WorkerProtocol, outcomes
 from pgqueue.validation import PAYLOAD_MAX_BYTES, RESULT_MAX_BYTES, TooLarge, within_limit
 
 pytestmark = pytest.mark.timeout(60)
@@ -26,33 +26,37 @@ def roomy(queue: Queue) -> Queue:
 
 
 def claim_one(queue: Queue, task: str = "t") -> object:
-    [job] = queue.claim(["default"], [task])
+    protocol = WorkerProtocol(queue)
+    [job] = protocol.claim(["default"], [task])
     return job
 
 
 @pytest.mark.parametrize("size", [3 * MB, 30 * MB])
 def test_ack_of_a_large_result_returns_and_stores_it(roomy: Queue, size: int) -> None:
+    roomy_protocol = WorkerProtocol(roomy)
     roomy.enqueue("t")
     job = claim_one(roomy)
-    done = roomy.ack(job, "x" * size)
+    done = roomy_protocol.ack(job, "x" * size)
     assert done.state is JobState.SUCCEEDED
     assert len(roomy.get(job.id).result) == size
 
 
 def test_ack_many_with_a_large_result_returns_and_the_next_claim_works(roomy: Queue) -> None:
+    roomy_protocol = WorkerProtocol(roomy)
     roomy.enqueue("t")
     roomy.enqueue("t")
     job = claim_one(roomy)
-    batch = roomy.ack_many([(job, "y" * (5 * MB))])
-    claimed = roomy.claim(["default"], ["t"], 5)
+    batch = roomy_protocol.ack_many([(job, "y" * (5 * MB))])
+    claimed = roomy_protocol.claim(["default"], ["t"], 5)
     assert [j.id for j in batch.succeeded] == [job.id]
     assert len(claimed) == 1
 
 
 def test_a_result_over_the_limit_is_a_failed_attempt_naming_both_sizes(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     queue.enqueue("t", max_attempts=2)
     job = claim_one(queue)
-    failed = queue.ack(job, "x" * (3 * MB))
+    failed = protocol.ack(job, "x" * (3 * MB))
     assert failed.state is JobState.QUEUED
     assert failed.last_error == (
         f"result could not be stored: result is {3 * MB + 2} bytes, "
@@ -62,21 +66,23 @@ def test_a_result_over_the_limit_is_a_failed_attempt_naming_both_sizes(queue: Qu
 
 def test_the_result_limit_is_the_queues_own(queue: Queue) -> None:
     small = Queue(queue.pool, schema=queue.schema, max_result_bytes=100)
+    small_protocol = WorkerProtocol(small)
     small.enqueue("t")
     job = claim_one(small)
-    failed = small.ack(job, {"text": "z" * 100})
+    failed = small_protocol.ack(job, {"text": "z" * 100})
     assert "over the limit of 100" in failed.last_error
     small.enqueue("t")
     job = claim_one(small)
-    assert small.ack(job, {"text": "z" * 10}).state is JobState.SUCCEEDED
+    assert small_protocol.ack(job, {"text": "z" * 10}).state is JobState.SUCCEEDED
 
 
 def test_results_are_measured_as_the_json_text_sent(queue: Queue) -> None:
     small = Queue(queue.pool, schema=queue.schema, max_result_bytes=100)
+    small_protocol = WorkerProtocol(small)
     small.enqueue("t")
     job = claim_one(small)
     # 40 characters, each sent as a 12-character JSON escape (a surrogate pair).
-    failed = small.ack(job, "\N{GRINNING FACE}" * 40)
+    failed = small_protocol.ack(job, "\N{GRINNING FACE}" * 40)
     assert "result is 482 bytes, over the limit of 100" in failed.last_error
 
 
@@ -92,14 +98,15 @@ def test_a_batch_of_results_beyond_one_statements_bound_is_acked_whole(
     roomy: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A bound of 1 kB splits ten 600-byte results into ten statements in one transaction.
+    roomy_protocol = WorkerProtocol(roomy)
     monkeypatch.setattr(outcomes, "OUTCOME_STATEMENT_MAX_BYTES", 1000)
     for _ in range(10):
         roomy.enqueue("t")
-    jobs = roomy.claim(["default"], ["t"], 10)
+    jobs = roomy_protocol.claim(["default"], ["t"], 10)
     # A lost lease in a later statement must be reported as that job's, not another's.
     stolen = jobs[7]
     roomy.cancel(stolen.id)
-    batch = roomy.ack_many([(job, "r" * 600) for job in jobs])
+    batch = roomy_protocol.ack_many([(job, "r" * 600) for job in jobs])
     assert batch.lost == [stolen.id]
     assert sorted(j.id for j in batch.succeeded) == sorted(j.id for j in jobs if j is not stolen)
     assert {roomy.get(j.id).state for j in jobs if j is not stolen} == {JobState.SUCCEEDED}

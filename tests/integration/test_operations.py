@@ -2,7 +2,7 @@
 
 import pytest
 
-from pgqueue import JobSpec, JobState, ValidationError
+from pgqueue import JobSpec, JobState, ValidationError, WorkerProtocol
 
 
 def test_list_pages_newest_first_with_filters(queue):
@@ -18,9 +18,10 @@ def test_list_pages_newest_first_with_filters(queue):
 
 
 def test_stats_count_each_state_per_queue(queue):
+    protocol = WorkerProtocol(queue)
     queue.enqueue_many([JobSpec("t"), JobSpec("t"), JobSpec("t", queue="other")])
-    (job,) = queue.claim(["default"], ["t"], limit=1)
-    queue.ack(job)
+    (job,) = protocol.claim(["default"], ["t"], limit=1)
+    protocol.ack(job)
     stats = {s.queue: s for s in queue.stats()}
     assert stats["default"].counts == {
         "waiting": 0,
@@ -35,10 +36,11 @@ def test_stats_count_each_state_per_queue(queue):
 
 
 def test_prune_deletes_only_old_finished_jobs_in_the_chosen_states(queue):
+    protocol = WorkerProtocol(queue)
     queue.enqueue_many(JobSpec("t") for _ in range(5))
-    done = queue.claim(["default"], ["t"], limit=3)
+    done = protocol.claim(["default"], ["t"], limit=3)
     for job in done[:2]:
-        queue.ack(job)
+        protocol.ack(job)
     queue.cancel(done[2].id)
     assert queue.prune(3600) == 0
     assert queue.prune(0, states=[JobState.SUCCEEDED], batch_size=1) == 2

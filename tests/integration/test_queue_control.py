@@ -18,6 +18,7 @@ from pgqueue import (
     QueueNotFound,
     ValidationError,
     Waiter,
+    WorkerProtocol,
     queries,
 )
 
@@ -27,35 +28,38 @@ def _enqueue(queue: Queue, count: int, name: str = "default", task: str = "t") -
 
 
 def test_a_paused_queue_accepts_jobs_and_gives_none_until_resumed(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     _enqueue(queue, 3)
     assert queue.pause_queue("default") == QueueInfo("default", True, None, None)
     _enqueue(queue, 2)
-    assert queue.claim(["default"], ["t"], limit=10) == []
-    assert queue.next_run_in(["default"], ["t"]) is None  # nothing to wait for
+    assert protocol.claim(["default"], ["t"], limit=10) == []
+    assert protocol.next_run_in(["default"], ["t"]) is None  # nothing to wait for
     assert queue.resume_queue("default") == QueueInfo("default", False, None, None)
-    assert len(queue.claim(["default"], ["t"], limit=10)) == 5
+    assert len(protocol.claim(["default"], ["t"], limit=10)) == 5
 
 
 def test_a_pause_holds_back_only_its_own_queue(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     _enqueue(queue, 2, "a")
     _enqueue(queue, 2, "b")
     queue.pause_queue("a")
-    assert {job.queue for job in queue.claim(["a", "b"], ["t"], limit=10)} == {"b"}
+    assert {job.queue for job in protocol.claim(["a", "b"], ["t"], limit=10)} == {"b"}
 
 
 def test_a_concurrency_limit_counts_the_running_jobs_of_every_worker(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     _enqueue(queue, 10)
     queue.update_queue("default", concurrency_limit=3)
-    assert len(queue.claim(["default"], ["t"], limit=2, worker_id="a")) == 2
-    [second] = queue.claim(["default"], ["t"], limit=5, worker_id="b")
-    assert queue.claim(["default"], ["t"], limit=5, worker_id="c") == []
-    queue.ack(second)
-    assert len(queue.claim(["default"], ["t"], limit=5, worker_id="c")) == 1
+    assert len(protocol.claim(["default"], ["t"], limit=2, worker_id="a")) == 2
+    [second] = protocol.claim(["default"], ["t"], limit=5, worker_id="b")
+    assert protocol.claim(["default"], ["t"], limit=5, worker_id="c") == []
+    protocol.ack(second)
+    assert len(protocol.claim(["default"], ["t"], limit=5, worker_id="c")) == 1
     # Raised, the limit leaves room at once; removed, there is none.
     queue.update_queue("default", concurrency_limit=5)
-    assert len(queue.claim(["default"], ["t"], limit=5)) == 2
+    assert len(protocol.claim(["default"], ["t"], limit=5)) == 2
     queue.update_queue("default", concurrency_limit=None)
-    assert len(queue.claim(["default"], ["t"], limit=5)) == 4  # the rest
+    assert len(protocol.claim(["default"], ["t"], limit=5)) == 4  # the rest
 
 
 def test_a_concurrency_limit_holds_when_many_claims_race(queue: Queue) -> None:
@@ -68,9 +72,10 @@ def test_a_concurrency_limit_holds_when_many_claims_race(queue: Queue) -> None:
     lock = threading.Lock()
 
     def claimer() -> None:
+        protocol = WorkerProtocol(queue)
         start.wait()
         for _ in range(5):
-            jobs = queue.claim(["default"], ["t"], limit=3)
+            jobs = protocol.claim(["default"], ["t"], limit=3)
             with lock:
                 claimed.extend(job.id for job in jobs)
 
@@ -85,33 +90,35 @@ def test_a_concurrency_limit_holds_when_many_claims_race(queue: Queue) -> None:
 
 
 def test_a_rate_limit_is_a_token_bucket_of_a_tenth_of_a_second(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     _enqueue(queue, 100)
     queue.update_queue("default", rate_limit=50)  # 5 tokens at most, refilled 50/s
     time.sleep(0.3)
     # Full after an idle spell: a burst of a tenth of a second's worth.
-    assert len(queue.claim(["default"], ["t"], limit=100)) == 5
+    assert len(protocol.claim(["default"], ["t"], limit=100)) == 5
     # Then one job per 1/50 s (the machine may be slow to ask again).
-    assert len(queue.claim(["default"], ["t"], limit=100)) <= 2
+    assert len(protocol.claim(["default"], ["t"], limit=100)) <= 2
     # A worker is told when the next whole job's worth is there (1/50 s at most).
-    queue.claim(["default"], ["t"], limit=100)
-    wait = queue.next_run_in(["default"], ["t"])
+    protocol.claim(["default"], ["t"], limit=100)
+    wait = protocol.next_run_in(["default"], ["t"])
     assert wait is not None and wait <= 0.02
     started = time.monotonic()
     claimed = 0
     while time.monotonic() - started < 1.0:
-        claimed += len(queue.claim(["default"], ["t"], limit=100))
+        claimed += len(protocol.claim(["default"], ["t"], limit=100))
         time.sleep(0.01)
     # 50 a second, and at most a bucket's worth more; fewer if the claims come late.
     assert 30 <= claimed <= 57
 
 
 def test_a_slow_rate_still_starts_one_job_at_a_time(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     _enqueue(queue, 3)
     queue.update_queue("default", rate_limit=2)  # a bucket of 1 job, one every 0.5 s
     time.sleep(0.55)
-    assert len(queue.claim(["default"], ["t"], limit=10)) == 1
-    assert queue.claim(["default"], ["t"], limit=10) == []
-    assert 0.3 < queue.next_run_in(["default"], ["t"]) <= 0.5
+    assert len(protocol.claim(["default"], ["t"], limit=10)) == 1
+    assert protocol.claim(["default"], ["t"], limit=10) == []
+    assert 0.3 < protocol.next_run_in(["default"], ["t"]) <= 0.5
 
 
 def test_settings_left_out_are_kept_and_none_removes_a_limit(queue: Queue) -> None:
@@ -127,6 +134,7 @@ def test_settings_left_out_are_kept_and_none_removes_a_limit(queue: Queue) -> No
 
 
 def test_a_queue_that_never_existed_is_not_found_unless_created(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     with pytest.raises(QueueNotFound, match="'nowhere'"):
         queue.pause_queue("nowhere")
     with pytest.raises(QueueNotFound):
@@ -135,12 +143,13 @@ def test_a_queue_that_never_existed_is_not_found_unless_created(queue: Queue) ->
     # Configured before its first job, it is listed.
     assert [s.queue for s in queue.stats()] == ["later"]
     _enqueue(queue, 1, "later")
-    assert queue.claim(["later"], ["t"]) == []
+    assert protocol.claim(["later"], ["t"]) == []
 
 
 def test_a_queue_with_only_finished_jobs_exists(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     _enqueue(queue, 1, "done")
-    queue.ack(queue.claim(["done"], ["t"])[0])
+    protocol.ack(protocol.claim(["done"], ["t"])[0])
     assert queue.update_queue("done", rate_limit=1).rate_limit == 1.0
 
 
@@ -170,13 +179,14 @@ def test_bad_settings_are_refused_naming_the_field(
 
 
 def test_resuming_notifies_the_queue_at_once(queue: Queue, database_url: str) -> None:
+    protocol = WorkerProtocol(queue)
     _enqueue(queue, 1)
     queue.pause_queue("default")
     # A worker waiting on a paused queue is not recorded as a waiter: enqueues into it
     # wake nobody, and the resume wakes every listener of the queue itself.
-    queue.claim(["default"], ["t"], waiter=Waiter("w/0", 30.0))
+    protocol.claim(["default"], ["t"], waiter=Waiter("w/0", 30.0))
     with psycopg.connect(database_url, autocommit=True) as listener:
-        queue.listen(listener)
+        protocol.listen(listener)
         _enqueue(queue, 1)
         assert [n.payload for n in listener.notifies(timeout=0.3, stop_after=1)] == []
         queue.resume_queue("default")
@@ -236,20 +246,22 @@ def test_the_plain_claim_leaves_queues_with_settings_and_says_so(
 def test_a_pause_holds_from_the_first_claim_after_it_whichever_claim_a_queue_used(
     queue: Queue,
 ) -> None:
+    protocol = WorkerProtocol(queue)
     _enqueue(queue, 4, "steady")
-    assert len(queue.claim(["steady"], ["t"], limit=1)) == 1  # learns: no settings
-    assert len(queue.claim(["steady"], ["t"], limit=1)) == 1  # the plain claim
+    assert len(protocol.claim(["steady"], ["t"], limit=1)) == 1  # learns: no settings
+    assert len(protocol.claim(["steady"], ["t"], limit=1)) == 1  # the plain claim
     queue.pause_queue("steady")
-    assert queue.claim(["steady"], ["t"], limit=10) == []  # plain: sees the row
-    assert queue.claim(["steady"], ["t"], limit=10) == []  # limited: paused
+    assert protocol.claim(["steady"], ["t"], limit=10) == []  # plain: sees the row
+    assert protocol.claim(["steady"], ["t"], limit=10) == []  # limited: paused
     queue.resume_queue("steady")
-    assert len(queue.claim(["steady"], ["t"], limit=10)) == 2
+    assert len(protocol.claim(["steady"], ["t"], limit=10)) == 2
 
 
 def test_a_limit_set_between_two_claims_costs_the_second_no_jobs(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     _enqueue(queue, 4, "steady")
-    assert len(queue.claim(["steady"], ["t"], limit=1)) == 1  # learns: no settings
+    assert len(protocol.claim(["steady"], ["t"], limit=1)) == 1  # learns: no settings
     queue.update_queue("steady", concurrency_limit=5)
     # The plain claim takes nothing from a queue with settings; the same call claims
     # again with the limited statement instead of coming back short.
-    assert len(queue.claim(["steady"], ["t"], limit=2)) == 2
+    assert len(protocol.claim(["steady"], ["t"], limit=2)) == 2

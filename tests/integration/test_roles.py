@@ -26,7 +26,7 @@ from processes import environment, pgqueue_command, start_worker, stop
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgqueue import BatchItem, Job, JobSpec, JobState, Queue, migrate
+from pgqueue import BatchItem, Job, JobSpec, JobState, Queue, WorkerProtocol, migrate
 from pgqueue.history import Day
 from pgqueue.roles import Roles, grant_roles, role_names
 from pgqueue.schedules import Schedule
@@ -150,20 +150,22 @@ def test_a_producer_enqueues_reads_cancels_and_retries(logins: Logins, queue: Qu
 def test_a_producer_cannot_run_finish_reap_migrate_or_change_tables(
     logins: Logins, queue: Queue, schema: str
 ) -> None:
+    protocol = WorkerProtocol(queue)
     claimed = queue.enqueue("echo").job
-    [job] = queue.claim(["default"], ["echo"])
+    [job] = protocol.claim(["default"], ["echo"])
     assert job.id == claimed.id
     producer_url = logins.url("producer")
     with logins.queue("producer") as producer:
+        producer_protocol = WorkerProtocol(producer)
         producer.enqueue("echo")
         with pytest.raises(DENIED):
-            producer.claim(["default"], ["echo"])
+            producer_protocol.claim(["default"], ["echo"])
         with pytest.raises(DENIED):
-            producer.ack(job, None)
+            producer_protocol.ack(job, None)
         with pytest.raises(DENIED):
-            producer.fail(job, "not mine")
+            producer_protocol.fail(job, "not mine")
         with pytest.raises(DENIED):
-            producer.reap()
+            producer_protocol.reap()
         with pytest.raises(DENIED):
             producer.pause_queue("default")
     with pytest.raises(DENIED):
@@ -237,8 +239,9 @@ def test_a_worker_drains_jobs_registers_syncs_schedules_reaps_and_prunes(
     logins: Logins, queue: Queue, db: psycopg.Connection, schema: str, tmp_path: Path
 ) -> None:
     # A job whose worker died: running, with its lease expired, for the burst's reap.
+    protocol = WorkerProtocol(queue)
     crashed = queue.enqueue("echo").job
-    [claimed] = queue.claim(["default"], ["echo"], worker_id="crashed", lease_seconds=600)
+    [claimed] = protocol.claim(["default"], ["echo"], worker_id="crashed", lease_seconds=600)
     assert claimed.id == crashed.id
     db.execute(
         sql.SQL(
@@ -321,8 +324,9 @@ def test_a_worker_drains_jobs_registers_syncs_schedules_reaps_and_prunes(
 def test_a_worker_prunes_but_only_the_owner_changes_the_day_partitions(
     logins: Logins, queue: Queue, db: psycopg.Connection, schema: str
 ) -> None:
+    protocol = WorkerProtocol(queue)
     done = queue.enqueue("echo").job
-    queue.ack(queue.claim(["default"], ["echo"])[0], None)
+    protocol.ack(protocol.claim(["default"], ["echo"])[0], None)
     # A job that finished into a DEFAULT partition (no day covered it).
     db.execute(
         sql.SQL("UPDATE {}.finished_jobs SET finished_at = '2001-01-01' WHERE id = %s").format(

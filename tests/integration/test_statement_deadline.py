@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from polling import wait_for
 
-from pgqueue import DatabaseUnavailable, JobState, Queue
+from pgqueue import DatabaseUnavailable, JobState, Queue, WorkerProtocol
 from pgqueue.deadlines import WATCHDOG, DeadlineExceeded
 
 pytestmark = pytest.mark.timeout(120)
@@ -46,17 +46,19 @@ def test_a_statement_in_time_leaves_its_connection_alone(database_url: str) -> N
 def test_a_queue_call_over_its_statement_timeout_fails_and_rolls_back(
     queue: Queue, database_url: str
 ) -> None:
+    protocol = WorkerProtocol(queue)
     queue.enqueue("t")
-    [job] = queue.claim(["default"], ["t"])
+    [job] = protocol.claim(["default"], ["t"])
     bounded = queue.with_statement_timeout(1.0)
+    bounded_protocol = WorkerProtocol(bounded)
     with psycopg.connect(database_url) as locker:
         # Another transaction holds the job's row: the ack waits for it, and overruns.
         locker.execute(
             f"SELECT 1 FROM {queue.schema}.active_jobs WHERE id = %s FOR UPDATE", [job.id]
         )
         with pytest.raises(DatabaseUnavailable, match="took longer than 1 s"):
-            bounded.ack(job, {"n": 1})
+            bounded_protocol.ack(job, {"n": 1})
     # The cut-off ack wrote nothing, and the same ack goes through once the row is free.
     assert queue.get(job.id).state is JobState.RUNNING
-    assert bounded.ack(job, {"n": 1}).state is JobState.SUCCEEDED
+    assert bounded_protocol.ack(job, {"n": 1}).state is JobState.SUCCEEDED
     assert queue.statement_timeout is None  # the original is unbounded still

@@ -24,6 +24,7 @@ from pgqueue import (
     Queue,
     UniqueKeyHeld,
     ValidationError,
+    WorkerProtocol,
     bulk,
 )
 
@@ -34,11 +35,13 @@ def _count(db: psycopg.Connection, schema: str, unique_key: str | None = None) -
 
 
 def _claim(queue: Queue, task: str = "sync", **kwargs: Any):
-    (job,) = queue.claim(["default"], [task], limit=1, **kwargs)
+    protocol = WorkerProtocol(queue)
+    (job,) = protocol.claim(["default"], [task], limit=1, **kwargs)
     return job
 
 
 def test_a_held_key_returns_its_job_uncompared_until_the_job_finishes(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     first = queue.enqueue("sync", {"account": 1}, unique_key="sync:1")
     assert first.created and first.job.unique_key == "sync:1"
     # Not compared: another task, payload, queue or priority still gets the holder.
@@ -52,32 +55,35 @@ def test_a_held_key_returns_its_job_uncompared_until_the_job_finishes(queue: Que
     assert not held.created and held.job.id == first.job.id
     assert held.job.state is JobState.RUNNING
     # Succeeded: free again, and the finished job keeps its key as history.
-    done = queue.ack(running)
+    done = protocol.ack(running)
     assert done.unique_key == "sync:1" and queue.get(first.job.id).unique_key == "sync:1"
     fresh = queue.enqueue("sync", unique_key="sync:1")
     assert fresh.created and fresh.job.id > first.job.id
 
 
 def test_a_dead_job_frees_its_key(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     job = queue.enqueue("sync", unique_key="k", max_attempts=1).job
-    dead = queue.fail(_claim(queue), "boom")
+    dead = protocol.fail(_claim(queue), "boom")
     assert dead.state is JobState.DEAD and dead.unique_key == "k"
     fresh = queue.enqueue("sync", unique_key="k")
     assert fresh.created and fresh.job.id != job.id
 
 
 def test_a_reaped_dead_job_frees_its_key(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     queue.enqueue("sync", unique_key="k", max_attempts=1)
     _claim(queue, lease_seconds=0.1)
     time.sleep(0.3)
-    (dead,) = queue.reap()
+    (dead,) = protocol.reap()
     assert dead.state is JobState.DEAD and dead.unique_key == "k"
     assert queue.enqueue("sync", unique_key="k").created
 
 
 def test_a_failed_attempt_that_will_be_retried_keeps_the_key(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     job = queue.enqueue("sync", unique_key="k", max_attempts=3).job
-    failed = queue.fail(_claim(queue), "try again")
+    failed = protocol.fail(_claim(queue), "try again")
     assert failed.state is JobState.QUEUED and failed.unique_key == "k"
     again = queue.enqueue("sync", unique_key="k")
     assert not again.created and again.job.id == job.id
@@ -173,6 +179,7 @@ def test_twenty_concurrent_producers_of_one_key_create_exactly_one_job(
 
 
 def test_an_idempotency_key_is_checked_before_the_unique_key(queue: Queue, db, schema) -> None:
+    protocol = WorkerProtocol(queue)
     first = queue.enqueue("sync", {"n": 1}, idempotency_key="req-1", unique_key="u").job
     # The same request again: its job, through the idempotency key.
     again = queue.enqueue("sync", {"n": 1}, idempotency_key="req-1", unique_key="u")
@@ -184,7 +191,7 @@ def test_an_idempotency_key_is_checked_before_the_unique_key(queue: Queue, db, s
     assert queue.get_by_idempotency_key("req-2") is None
     # Once the holder has finished, the first request's repeat still returns it (held
     # until pruned), while the second request now creates its job.
-    queue.ack(_claim(queue))
+    protocol.ack(_claim(queue))
     repeat = queue.enqueue("sync", {"n": 1}, idempotency_key="req-1", unique_key="u")
     assert not repeat.created and repeat.job.id == first.id
     assert repeat.job.state is JobState.SUCCEEDED

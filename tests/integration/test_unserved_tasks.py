@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from psycopg import sql
 
-from pgqueue import Queue, UnservedTask, WorkerRegistration
+from pgqueue import Queue, UnservedTask, WorkerProtocol, WorkerRegistration
 
 PGQUEUE = [str(Path(sys.executable).parent / "pgqueue")]
 
@@ -56,13 +56,14 @@ def test_a_task_counts_no_more_once_a_worker_serving_it_registers(
 def test_a_worker_that_died_stops_counting_when_it_expires_and_is_reaped(
     queue: Queue, stuck: None, db, schema: str
 ) -> None:
+    protocol = WorkerProtocol(queue)
     queue.register_worker(_worker("host:3:c", ["nobody"], ["send"], seconds=0.3))
     assert [w.id for w in queue.workers()] == ["host:1:a", "host:3:c"]
     assert UnservedTask("nobody", "send", 1) not in queue.unserved()
     time.sleep(0.4)
     assert [w.id for w in queue.workers()] == ["host:1:a"]
     assert UnservedTask("nobody", "send", 1) in queue.unserved()
-    queue.reap()
+    protocol.reap()
     table = sql.Identifier(schema, "workers")
     rows = db.execute(sql.SQL("SELECT id FROM {}").format(table)).fetchall()
     assert rows == [("host:1:a",)]
@@ -71,16 +72,17 @@ def test_a_worker_that_died_stops_counting_when_it_expires_and_is_reaped(
 def test_a_heartbeat_renews_the_workers_row_and_writes_it_again_if_lost(
     queue: Queue, db, schema: str
 ) -> None:
+    protocol = WorkerProtocol(queue)
     me = _worker("host:4:d", ["default"], ["t"], seconds=0.5)
     queue.register_worker(me)
     [before] = queue.workers()
     time.sleep(0.1)
-    assert queue.heartbeat([], worker=me) == set()  # an idle worker beats too
+    assert protocol.heartbeat([], worker=me) == set()  # an idle worker beats too
     [after] = queue.workers()
     assert after.last_seen_at > before.last_seen_at
     assert after.started_at == before.started_at
     db.execute(sql.SQL("DELETE FROM {}").format(sql.Identifier(schema, "workers")))
-    queue.heartbeat([], worker=me)
+    protocol.heartbeat([], worker=me)
     [again] = queue.workers()
     assert (again.id, again.queues, again.tasks, again.concurrency) == (
         "host:4:d",
@@ -91,10 +93,11 @@ def test_a_heartbeat_renews_the_workers_row_and_writes_it_again_if_lost(
 
 
 def test_workers_show_how_many_jobs_each_holds(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
     queue.register_worker(_worker("host:5:e", ["default"], ["t"]))
     for _ in range(3):
         queue.enqueue("t")
-    queue.claim(["default"], ["t"], limit=2, worker_id="host:5:e")
+    protocol.claim(["default"], ["t"], limit=2, worker_id="host:5:e")
     [info] = queue.workers()
     assert info.running == 2
     assert info.pid > 0 and info.host and info.version

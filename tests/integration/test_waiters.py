@@ -8,7 +8,7 @@ import time
 import psycopg
 from psycopg import sql
 
-from pgqueue import Queue, Waiter
+from pgqueue import Queue, Waiter, WorkerProtocol
 
 
 def _notified(listener: psycopg.Connection, wait: float = 0.3) -> list[str]:
@@ -26,22 +26,23 @@ def _waiter_rows(db: psycopg.Connection, schema: str) -> list[tuple[str, str]]:
 def test_only_queues_with_a_waiter_are_notified(
     queue: Queue, database_url: str, db, schema: str
 ) -> None:
+    protocol = WorkerProtocol(queue)
     with psycopg.connect(database_url, autocommit=True) as listener:
-        queue.listen(listener)
+        protocol.listen(listener)
         waiter = Waiter("w1/0", 30.0)
 
         queue.enqueue("t", queue="mail")
         assert _notified(listener) == []  # nobody waits
 
         # mail has a job: a claim of 2 comes back short; the worker waits on both queues.
-        assert len(queue.claim(["mail", "sms"], ["t"], limit=2, waiter=waiter)) == 1
+        assert len(protocol.claim(["mail", "sms"], ["t"], limit=2, waiter=waiter)) == 1
         assert _waiter_rows(db, schema) == [("mail", "w1/0"), ("sms", "w1/0")]
         queue.enqueue("t", queue="mail")
         queue.enqueue("t", queue="push")
         assert _notified(listener) == ["mail"]
 
         # A full claim: the worker is busy, nothing waits, nothing is notified.
-        assert len(queue.claim(["mail", "sms"], ["t"], limit=1, waiter=waiter)) == 1
+        assert len(protocol.claim(["mail", "sms"], ["t"], limit=1, waiter=waiter)) == 1
         assert _waiter_rows(db, schema) == []
         queue.enqueue("t", queue="sms")
         assert _notified(listener) == []
@@ -50,20 +51,22 @@ def test_only_queues_with_a_waiter_are_notified(
 def test_a_waiter_that_stops_claiming_expires_and_the_reaper_removes_it(
     queue: Queue, database_url: str, db, schema: str
 ) -> None:
+    protocol = WorkerProtocol(queue)
     with psycopg.connect(database_url, autocommit=True) as listener:
-        queue.listen(listener)
-        queue.claim(["mail"], ["t"], waiter=Waiter("gone/0", 0.2))
+        protocol.listen(listener)
+        protocol.claim(["mail"], ["t"], waiter=Waiter("gone/0", 0.2))
         time.sleep(0.3)
         queue.enqueue("t", queue="mail")
         assert _notified(listener) == []
-        assert queue.reap() == []
+        assert protocol.reap() == []
         assert _waiter_rows(db, schema) == []
 
 
 def test_a_worker_that_stops_forgets_its_waiters(queue: Queue, db, schema: str) -> None:
+    protocol = WorkerProtocol(queue)
     first, second = Waiter("w/0", 30.0), Waiter("w/1", 30.0)
-    queue.claim(["mail"], ["t"], waiter=first)
-    queue.claim(["mail"], ["u"], waiter=second)
-    queue.claim(["mail"], ["t"], waiter=Waiter("other/0", 30.0))
-    queue.forget_waiters([first, second])
+    protocol.claim(["mail"], ["t"], waiter=first)
+    protocol.claim(["mail"], ["u"], waiter=second)
+    protocol.claim(["mail"], ["t"], waiter=Waiter("other/0", 30.0))
+    protocol.forget_waiters([first, second])
     assert _waiter_rows(db, schema) == [("mail", "other/0")]

@@ -54,6 +54,7 @@ from pgqueue import (
     QueueNotFound,
     UniqueKeyHeld,
     UnknownDependencies,
+    WorkerProtocol,
     migrations,
 )
 
@@ -289,10 +290,11 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS), queue=st.sampled_from(QUEUES), limit=st.integers(1, 3))
     def claim(self, worker: str, queue: str, limit: int) -> None:
+        protocol = WorkerProtocol(self.queue)
         self._step()
         time.sleep(2 * BACKOFF_SECONDS)
         expected = [job.id for job in self.model.claimable(queue, limit)]
-        claimed = self.queue.claim([queue], [TASK], limit, worker_id=worker)
+        claimed = protocol.claim([queue], [TASK], limit, worker_id=worker)
         assert [job.id for job in claimed] == expected
         for job in claimed:
             assert job.worker_id == worker and job.lease_token is not None
@@ -301,10 +303,11 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS))
     def heartbeat(self, worker: str) -> None:
+        protocol = WorkerProtocol(self.queue)
         self._step()
         held = self.model.holdings[worker]
         leases = [_lease(holding) for holding in held]
-        lost = self.queue.heartbeat(leases)
+        lost = protocol.heartbeat(leases)
         # Ids, not leases, come back: a worker that holds a stale lease of a job beside
         # the current one (it claimed the job again after its first lease was reaped)
         # hears that id is fine. The stale attempt cannot finish: its ack is refused.
@@ -318,6 +321,7 @@ class QueueMachine(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 1000), succeed=st.booleans())
     def finish(self, pick: int, succeed: bool) -> None:
         """A worker acks or fails one attempt it holds, current or stale."""
+        protocol = WorkerProtocol(self.queue)
         self._step()
         held = [(w, h) for w, hs in self.model.holdings.items() for h in hs]
         worker, holding = held[pick % len(held)]
@@ -325,14 +329,14 @@ class QueueMachine(RuleBasedStateMachine):
         claimed = holding.claimed
         if not self.model.current(holding):
             with pytest.raises(LeaseLost):
-                self.queue.ack(claimed) if succeed else self.queue.fail(claimed, "boom")
+                protocol.ack(claimed) if succeed else protocol.fail(claimed, "boom")
             return
         if succeed:
-            done = self.queue.ack(claimed, {"ok": True})
+            done = protocol.ack(claimed, {"ok": True})
             assert done.state.value == "succeeded"
             self.model.finished(claimed.id, "succeeded")
         else:
-            done = self.queue.fail(claimed, "boom")
+            done = protocol.fail(claimed, "boom")
             self.model.failed(claimed.id, done.run_at)
             assert done.state.value == self.model.jobs[claimed.id].state
 
@@ -353,9 +357,10 @@ class QueueMachine(RuleBasedStateMachine):
 
     @rule()
     def reap(self) -> None:
+        protocol = WorkerProtocol(self.queue)
         self._step()
         expected = {j.id for j in self.model.jobs.values() if j.state == "running" and j.expired}
-        reaped = self.queue.reap()
+        reaped = protocol.reap()
         assert reaped is not None and {job.id for job in reaped} == expected
         for job in reaped:
             self.model.failed(job.id, job.run_at)

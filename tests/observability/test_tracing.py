@@ -21,7 +21,7 @@ from opentelemetry.trace import SpanKind, StatusCode
 from psycopg import sql
 from serving import serve
 
-from pgqueue import JobSpec, JobState, Queue, tracing
+from pgqueue import JobSpec, JobState, Queue, WorkerProtocol, tracing
 from pgqueue_api import ApiSettings, create_app
 from pgqueue_worker import Worker
 
@@ -138,6 +138,7 @@ def test_an_enqueue_that_fails_records_it_on_its_span(spans: InMemorySpanExporte
 def test_the_trace_context_moves_with_the_job_between_the_tables(
     spans: InMemorySpanExporter, queue: Queue, db, schema
 ):
+    protocol = WorkerProtocol(queue)
     acked, buried, cancelled, reaped = (
         queue.enqueue("echo", {"n": n}, max_attempts=1).job for n in range(4)
     )
@@ -145,14 +146,14 @@ def test_the_trace_context_moves_with_the_job_between_the_tables(
         job.id: job_context(db, schema, job.id) for job in (acked, buried, cancelled, reaped)
     }
     assert all(expected.values())
-    claimed = {job.id: job for job in queue.claim(["default"], ["echo"], limit=2)}
+    claimed = {job.id: job for job in protocol.claim(["default"], ["echo"], limit=2)}
     assert claimed[acked.id].trace_context == expected[acked.id]  # the claim returns it
-    queue.ack(claimed[acked.id], None)
-    queue.fail(claimed[buried.id], "boom")  # dead
+    protocol.ack(claimed[acked.id], None)
+    protocol.fail(claimed[buried.id], "boom")  # dead
     queue.cancel(cancelled.id)
-    queue.claim(["default"], ["echo"], lease_seconds=0.05)
+    protocol.claim(["default"], ["echo"], lease_seconds=0.05)
     time.sleep(0.2)
-    assert [job.id for job in queue.reap()] == [reaped.id]  # expired: dead
+    assert [job.id for job in protocol.reap()] == [reaped.id]  # expired: dead
 
     assert stored_contexts(db, schema, "finished_jobs") == expected
     assert stored_contexts(db, schema, "active_jobs") == {}

@@ -24,7 +24,7 @@ from processes import environment, pgqueue_command, start_worker, stop
 from psycopg import sql
 from serving import serve
 
-from pgqueue import JobSpec, JobState, Queue
+from pgqueue import JobSpec, JobState, Queue, WorkerProtocol
 from pgqueue.locks import advisory_key
 from pgqueue_api.app import create_app
 from pgqueue_api.settings import ApiSettings
@@ -122,10 +122,11 @@ def test_reaper_and_pruner_locks_end_with_their_transaction_behind_pgbouncer(
     locks of the reaper and the pruner end at commit, so every round gets its turn."""
     rounds = 3 * POOL_SIZE
     with Queue.connect(bouncer.url, schema=schema, max_size=POOL_SIZE, prepare=False) as queue:
+        protocol = WorkerProtocol(queue)
         queue.enqueue_many([JobSpec("echo"), JobSpec("echo")])
-        (done,) = queue.claim(["default"], ["echo"], limit=1)
-        queue.ack(done)
-        (stalled,) = queue.claim(["default"], ["echo"], limit=1, lease_seconds=0.001)
+        (done,) = protocol.claim(["default"], ["echo"], limit=1)
+        protocol.ack(done)
+        (stalled,) = protocol.claim(["default"], ["echo"], limit=1, lease_seconds=0.001)
         with psycopg.connect(database_url, autocommit=True) as db:
             db.execute(
                 sql.SQL(
@@ -133,7 +134,7 @@ def test_reaper_and_pruner_locks_end_with_their_transaction_behind_pgbouncer(
                 ).format(sql.Identifier(schema))
             )
         time.sleep(0.01)  # past the stalled job's lease
-        reaped = [queue.reap() for _ in range(rounds)]
+        reaped = [protocol.reap() for _ in range(rounds)]
         pruned = [queue.prune_expired({JobState.SUCCEEDED: 3600}) for _ in range(rounds)]
         assert [[job.id for job in r] for r in reaped] == [[stalled.id]] + [[]] * (rounds - 1)
         assert pruned == [1] + [0] * (rounds - 1)
@@ -153,9 +154,10 @@ def test_cli_commands_work_through_pgbouncer(bouncer, schema, database_url):
     connection."""
     batches = 4 * POOL_SIZE
     with Queue.connect(database_url, schema=schema, max_size=1) as queue:
+        protocol = WorkerProtocol(queue)
         queue.enqueue_many([JobSpec("echo")] * batches)
-        for job in queue.claim(["default"], ["echo"], limit=batches):
-            queue.ack(job)
+        for job in protocol.claim(["default"], ["echo"], limit=batches):
+            protocol.ack(job)
     with psycopg.connect(database_url, autocommit=True) as db:
         db.execute(
             sql.SQL("UPDATE {}.finished_jobs SET finished_at = now() - interval '2 days'").format(

@@ -8,7 +8,7 @@ import uuid
 import psycopg
 from psycopg import sql
 
-from pgqueue import Job, JobState, Queue
+from pgqueue import Job, JobState, Queue, WorkerProtocol
 
 # Finished jobs as a busy month leaves them, written in one INSERT ... SELECT (the
 # history is setup here, not what is under test). Job n finished ``age`` ago. The queue
@@ -53,18 +53,19 @@ def backdate(db: psycopg.Connection, schema: str, job_ids: list[int], age: str) 
 
 def job_in_state(queue: Queue, state: JobState) -> Job:
     """A new job of task ``t`` in a queue of its own, moved to ``state``."""
+    protocol = WorkerProtocol(queue)
     name = f"q_{uuid.uuid4().hex[:8]}"
     job = queue.enqueue("t", queue=name, max_attempts=1).job
     if state is JobState.QUEUED:
         return job
-    (claimed,) = queue.claim([name], ["t"], limit=1)
+    (claimed,) = protocol.claim([name], ["t"], limit=1)
     assert claimed.id == job.id
     if state is JobState.RUNNING:
         return claimed
     if state is JobState.SUCCEEDED:
-        return queue.ack(claimed)
+        return protocol.ack(claimed)
     if state is JobState.DEAD:
-        return queue.fail(claimed, "boom")
+        return protocol.fail(claimed, "boom")
     return queue.cancel(claimed.id)
 
 

@@ -15,7 +15,7 @@ import pytest
 from polling import wait_for
 from psycopg import sql
 
-from pgqueue import JobSpec, Queue, queries
+from pgqueue import JobSpec, Queue, WorkerProtocol, queries
 from pgqueue.registry import NO_WORKER
 
 HISTORY_ROWS = 30_000
@@ -68,8 +68,9 @@ def _index_names(plan: dict[str, Any]) -> set[str]:
 @pytest.fixture
 def hot_set(queue: Queue) -> None:
     """A realistic hot set: a backlog of queued jobs and a few running ones."""
+    protocol = WorkerProtocol(queue)
     queue.enqueue_many(JobSpec("t", {"n": n}) for n in range(200))
-    queue.claim(["default"], ["t"], limit=5, lease_seconds=0.001)
+    protocol.claim(["default"], ["t"], limit=5, lease_seconds=0.001)
 
 
 @pytest.mark.parametrize(
@@ -116,8 +117,9 @@ def test_heartbeats_are_hot_updates(queue, db, schema):
     # Few enough jobs that each page keeps room for a new version of each of its rows
     # (fillfactor is a share of the page, not a room per row): which rows have room on a
     # full page depends on the row width, not on what a heartbeat changes.
+    protocol = WorkerProtocol(queue)
     queue.enqueue_many(JobSpec("t") for _ in range(HEARTBEAT_JOBS))
-    claimed = queue.claim(["default"], ["t"], limit=HEARTBEAT_JOBS)
+    claimed = protocol.claim(["default"], ["t"], limit=HEARTBEAT_JOBS)
     # The room a heartbeat's new row version needs is what the claim's old versions
     # leave once they are pruned. In a worker the first heartbeat comes seconds after
     # the claim, by when pruning or autovacuum has made it; right after the claim the
@@ -168,11 +170,12 @@ def test_the_active_jobs_table_is_stored_for_churn(db, schema):
 
 
 def test_finished_jobs_are_not_in_the_active_table_or_its_indexes(db, schema, queue, history):
+    protocol = WorkerProtocol(queue)
     history(1000)
     name = f"q_{uuid.uuid4().hex[:6]}"
     queue.enqueue(name, queue=name)
     job = queue.enqueue(name, queue=name).job
-    queue.ack(queue.claim([name], [name])[0], None)
+    protocol.ack(protocol.claim([name], [name])[0], None)
     _vacuum(db, schema)
     counts = dict(
         db.execute(

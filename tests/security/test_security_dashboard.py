@@ -13,7 +13,7 @@ from api_support import RunningApi
 from surfaces import AUTH, endpoints
 from ui_support import TOKEN, csrf_of, logged_in_client
 
-from pgqueue import JobState, Queue, WorkerRegistration
+from pgqueue import JobState, Queue, WorkerProtocol, WorkerRegistration
 from pgqueue.schedules import Schedule
 from pgqueue_api.ui import security
 
@@ -163,16 +163,17 @@ def test_names_cannot_carry_markup(start_app, queue: Queue):
 
 def _hostile_data(queue: Queue) -> dict[str, int]:
     """Jobs, a worker and a schedule with markup in every free-text field."""
+    protocol = WorkerProtocol(queue)
     payload = {markup: [markup, {"nested": markup}] for markup in MARKUP}
     shown = queue.enqueue(
         "echo", payload, queue="later", idempotency_key=HOSTILE, unique_key=HOSTILE
     ).job
     failed = queue.enqueue("flaky", {"x": SCRIPT}, max_attempts=1).job
-    [claimed] = queue.claim(["default"], ["flaky"], worker_id="worker" + IMG)
-    queue.fail(claimed, HOSTILE + "\n" + HOSTILE)
+    [claimed] = protocol.claim(["default"], ["flaky"], worker_id="worker" + IMG)
+    protocol.fail(claimed, HOSTILE + "\n" + HOSTILE)
     queue.enqueue("echo", {}, queue="later")
-    [claimed] = queue.claim(["later"], ["echo"], limit=1)
-    queue.ack(claimed, {"out": MARKUP})
+    [claimed] = protocol.claim(["later"], ["echo"], limit=1)
+    protocol.ack(claimed, {"out": MARKUP})
     queue.register_worker(
         WorkerRegistration(
             id="worker" + IMG,

@@ -13,7 +13,7 @@ from processes import pgqueue_command
 from psycopg import sql
 from worker_support import FAST, wait_until_state, worker_environment
 
-from pgqueue import Job, JobState, Queue
+from pgqueue import Job, JobState, Queue, WorkerProtocol
 
 pytestmark = pytest.mark.slow
 
@@ -59,9 +59,10 @@ def test_a_burst_worker_reaps_expired_leases_before_it_exits(
 def test_a_worker_reaps_and_prunes_queues_it_does_not_serve(
     start_worker, queue: Queue, db, schema
 ) -> None:
+    protocol = WorkerProtocol(queue)
     crashed = _crashed_while_running(queue, db, schema, "echo", queue="other", max_attempts=1)
     old = queue.enqueue("echo", queue="other").job
-    queue.ack(queue.claim(["other"], ["echo"])[0], None)
+    protocol.ack(protocol.claim(["other"], ["echo"])[0], None)
     db.execute(
         sql.SQL(
             "UPDATE {}.finished_jobs SET finished_at = now() - interval '2 days' WHERE id = %s"

@@ -10,7 +10,7 @@ from typing import Any
 from polling import wait_for
 from worker_support import wait_until_state
 
-from pgqueue import Job, JobSpec, JobState, LifecycleHooks, Queue, hookimpl
+from pgqueue import Job, JobSpec, JobState, LifecycleHooks, Queue, WorkerProtocol, hookimpl
 from pgqueue.plugins import get_plugin_manager
 
 
@@ -124,7 +124,8 @@ def test_queue_claim_runs_no_on_start(queue: Queue) -> None:
 
     queue.enqueue("task", {})
     with_hooks = hooked(queue, Plugin())
-    claimed = with_hooks.claim(["default"], ["task"], 1)
+    with_hooks_protocol = WorkerProtocol(with_hooks)
+    claimed = with_hooks_protocol.claim(["default"], ["task"], 1)
     assert len(claimed) == 1
     assert events.items == []
     # A loop of one's own runs it when it starts the handler.

@@ -15,7 +15,7 @@ from processes import pgqueue_command
 from psycopg import sql
 from worker_support import FAST
 
-from pgqueue import Queue
+from pgqueue import Queue, WorkerProtocol
 
 
 def test_a_worker_registers_beats_while_idle_and_leaves_when_it_stops(
@@ -66,6 +66,7 @@ def test_a_worker_registers_beats_while_idle_and_leaves_when_it_stops(
 def test_a_killed_worker_expires_and_the_reaper_removes_its_row(
     queue: Queue, start_worker, db, schema: str
 ) -> None:
+    protocol = WorkerProtocol(queue)
     worker = start_worker(*FAST)
     worker.wait_for_log("serving queue")
     wait_for(queue.workers, 30, what="the worker's registration")
@@ -75,6 +76,6 @@ def test_a_killed_worker_expires_and_the_reaper_removes_its_row(
     started = time.monotonic()
     wait_for(lambda: queue.workers() == [], 10, what="the row to expire")
     assert time.monotonic() - started < 5
-    queue.reap()
+    protocol.reap()
     rows = db.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(schema, "workers")))
     assert rows.fetchone()[0] == 0

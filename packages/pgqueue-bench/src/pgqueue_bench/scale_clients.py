@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from pgqueue import JobSpec, Queue
+from pgqueue import JobSpec, Queue, WorkerProtocol
 from pgqueue_bench import handlers
 from pgqueue_bench.latency import percentiles
 from pgqueue_bench.scale_scenario import QUEUE_NAME, SOAK_BACKLOG
@@ -36,6 +36,7 @@ def drain_client(
     once every process is ready). Puts a report on ``results_queue``: the first claim
     and last ack (wall clock), jobs acked, and claim latencies, overall or per second."""
     queue = Queue.connect(url, schema=schema, min_size=1, max_size=1)
+    protocol = WorkerProtocol(queue)
     tasks = [handlers.NOOP_TASK]
     claims: list[float] = []
     per_second: dict[int, list[float]] = {}
@@ -43,14 +44,14 @@ def drain_client(
     acked = 0
     empty_claims = 0
     try:
-        queue.next_run_in([QUEUE_NAME], tasks)  # connected before the clock starts
+        protocol.next_run_in([QUEUE_NAME], tasks)  # connected before the clock starts
         ready.wait()
         deadline = _deadline(stop_at)
         started = time.time()
         cpu_started = time.process_time()
         while True:
             before = time.perf_counter()
-            jobs = queue.claim([QUEUE_NAME], tasks, batch)
+            jobs = protocol.claim([QUEUE_NAME], tasks, batch)
             claim_seconds = time.perf_counter() - before
             now = time.time()
             if deadline is None:
@@ -65,7 +66,7 @@ def drain_client(
                     empty_claims += 1
                     time.sleep(0.005)  # the producer is behind: do not spin
                     continue
-            queue.ack_many([(job, None) for job in jobs])
+            protocol.ack_many([(job, None) for job in jobs])
             acked += len(jobs)
             if deadline is not None:
                 second = int(time.time())

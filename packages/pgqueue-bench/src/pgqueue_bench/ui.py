@@ -34,7 +34,7 @@ from typing import Any
 import click
 import httpx
 
-from pgqueue import JobSpec, Queue, WorkerRegistration
+from pgqueue import JobSpec, Queue, WorkerProtocol, WorkerRegistration
 from pgqueue.schedules import Schedule
 from pgqueue_bench import database, environment, handlers, results
 from pgqueue_bench.apiserver import api_process
@@ -101,6 +101,7 @@ def load(
     history = load_history(url, schema, 0, scenario.finished, window=window, progress=progress)
     progress.update(f"queued and running jobs: {scenario.queued:,}", force=True)
     with Queue.connect(url, schema=schema, max_size=2) as queue:
+        protocol = WorkerProtocol(queue)
         specs = []
         for n in range(scenario.queued):
             name = QUEUES[n % len(QUEUES)]
@@ -110,7 +111,7 @@ def load(
             queue.enqueue_many(specs[start : start + ENQUEUE_BATCH])
         running: list[int] = []
         while len(running) < scenario.running:
-            claimed = queue.claim(
+            claimed = protocol.claim(
                 QUEUES,
                 list(TASKS.values()),
                 min(500, scenario.running - len(running)),

@@ -30,6 +30,7 @@ from pgqueue.queue_control import UNSET, QueueInfo
 from pgqueue.queue_metrics import QueueStats
 from pgqueue.registry import UnservedTask, WorkerInfo, WorkerRegistration
 from pgqueue.task_handlers import TaskHandler, collect_tasks
+from pgqueue.worker_protocol import WorkerProtocol
 
 __all__ = [
     "UNSET",
@@ -63,6 +64,7 @@ __all__ = [
     "ValidationError",
     "Waiter",
     "WorkerInfo",
+    "WorkerProtocol",
     "WorkerRegistration",
     "backoff_seconds",
     "call_when",

@@ -1,4 +1,4 @@
-"""The worker protocol's first half, part of :class:`pgqueue.Queue`: claiming jobs under
+"""The worker protocol's first half, part of :class:`pgqueue.WorkerProtocol`: claiming jobs under
 a lease, heartbeats that extend leases, and the LISTEN wake-ups and waiter records that
 tell a worker when to claim again. Outcomes are in :mod:`pgqueue.outcomes`.
 """
@@ -46,8 +46,10 @@ def default_worker_id() -> str:
 
 
 class ClaimMethods(QueueBase):
-    """Claims, heartbeats and wake-ups: the part of :class:`pgqueue.Queue` a worker
-    calls to get jobs and keep them."""
+    """Claims, heartbeats and wake-ups: the part of :class:`pgqueue.WorkerProtocol` a
+    worker calls to get jobs and keep them."""
+
+    _queues_with_settings: dict[tuple[str, ...], bool]
 
     if TYPE_CHECKING:
 

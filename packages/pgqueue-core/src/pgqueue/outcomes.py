@@ -1,4 +1,4 @@
-"""The worker protocol's second half, part of :class:`pgqueue.Queue`: what became of each
+"""The worker protocol's second half, part of :class:`pgqueue.WorkerProtocol`: what became of each
 attempt. Successes, failures (with their backoff) and dead-lettering of a batch are
 written by one statement, ``job_finish_many``, fenced by each attempt's lease token;
 the reaper finishes expired leases through it too. The lifecycle hooks run after the
@@ -38,8 +38,8 @@ class OutcomeBatch:
 
 
 class OutcomeMethods(QueueBase):
-    """Acks, failures and the reaper: the part of :class:`pgqueue.Queue` that finishes
-    attempts."""
+    """Acks, failures and the reaper: the part of :class:`pgqueue.WorkerProtocol` that
+    finishes attempts."""
 
     def ack(self, job: Job, result: Any = None) -> Job:
         """Mark ``job`` succeeded with ``result``, if its lease is still held.

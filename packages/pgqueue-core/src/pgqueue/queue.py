@@ -1,18 +1,19 @@
-"""``Queue``: the one place that speaks SQL to the jobs table.
+"""``Queue``: the client of one queue schema, for producers and operators.
 
 Every state transition is one statement in its own short transaction, guarded by the
-state it leaves and, for a worker's outcome, by the lease token it was claimed with.
-Lifecycle hooks, when a :class:`~pgqueue.lifecycle_hooks.LifecycleHooks` is given, run after
-that transaction has committed.
+state it leaves. Lifecycle hooks, when a
+:class:`~pgqueue.lifecycle_hooks.LifecycleHooks` is given, run after that transaction
+has committed.
 
 Queue is one object made of parts, one module each, all on
 :class:`~pgqueue.queue_base.QueueBase` (its settings and the way a statement gets a
-connection): producing (:mod:`pgqueue.producing`), the worker protocol
-(:mod:`pgqueue.claiming`, :mod:`pgqueue.outcomes`), what it reports
+connection): producing (:mod:`pgqueue.producing`), what it reports
 (:mod:`pgqueue.queue_metrics`), retention (:mod:`pgqueue.pruning`), the worker registry
 (:mod:`pgqueue.registry`), queue settings (:mod:`pgqueue.queue_control`) and periodic
 jobs (:mod:`pgqueue.schedule_store`). This module holds the rest: opening and closing
-it, and reading and changing single jobs as an operator does.
+it, and reading and changing single jobs as an operator does. The worker's side
+(claims, heartbeats, outcomes, the reaper) is another object on the same pool,
+:class:`~pgqueue.worker_protocol.WorkerProtocol`.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from psycopg import sql
 
 from pgqueue import connections, dependencies, jsonb, migrations, queries, validation
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS
-from pgqueue.claiming import CLAIM_MODES, ClaimMethods, Waiter, default_worker_id
+from pgqueue.claiming import CLAIM_MODES, Waiter, default_worker_id
 from pgqueue.connections import CONNECTION_DEFAULTS, DEFAULT_POOL_TIMEOUT, connection_defaults
 from pgqueue.dependencies import JobDependencies
 from pgqueue.errors import (
@@ -42,7 +43,7 @@ from pgqueue.errors import (
 )
 from pgqueue.job import Job, JobState
 from pgqueue.job_spec import JobSpec
-from pgqueue.outcomes import OutcomeBatch, OutcomeMethods
+from pgqueue.outcomes import OutcomeBatch
 from pgqueue.producing import ProducerMethods
 from pgqueue.pruning import PruneMethods
 from pgqueue.queue_base import describe_unavailable
@@ -64,8 +65,6 @@ class JobPage:
 
 class Queue(
     ProducerMethods,
-    ClaimMethods,
-    OutcomeMethods,
     MetricsMethods,
     PruneMethods,
     RegistryMethods,
@@ -114,9 +113,6 @@ class Queue(
         )
         """Seconds each pooled connection's work may take before the connection is cut
         off (see :mod:`pgqueue.deadlines`); None waits as long as it takes."""
-        self._queues_with_settings = {}
-        """Per list of queues claimed together, whether one of them had settings at the
-        last claim (see ClaimMethods._send_claim); shared by copies of this Queue."""
 
     @classmethod
     def connect(

@@ -30,7 +30,8 @@ class QueueBase:
     """What every part of :class:`pgqueue.Queue` stands on: its settings, and the one
     way its statements reach the database (a pooled connection, or the caller's own),
     with database failures turned into :class:`~pgqueue.errors.DatabaseUnavailable`.
-    Queue's parts (producing, claiming, outcomes, metrics, pruning) subclass it; Queue
+    Queue's parts (producing, metrics, pruning, ...) and those of
+    :class:`~pgqueue.WorkerProtocol` (claiming, outcomes) subclass it; each of the two
     sets these attributes in its ``__init__``."""
 
     pool: psycopg_pool.ConnectionPool
@@ -41,7 +42,6 @@ class QueueBase:
     max_payload_bytes: int
     max_result_bytes: int
     statement_timeout: float | None
-    _queues_with_settings: dict[tuple[str, ...], bool]
 
     def _sql(self, name: str, lock: str = "skip-locked") -> psycopg.sql.SQL:
         return queries.bind(name, self.schema, lock)

@@ -7,8 +7,8 @@ takes in the jobs of the last claim and the handlers that finished, hands their 
 to the outcome writer, and asks the claimer for as many jobs as it has room for (as its
 :class:`~pgqueue_worker.claim_policy.ClaimPolicy` decides). The claimer and the writer
 talk to PostgreSQL on threads of their own, so on a busy queue claims, acks and handlers
-all overlap instead of taking turns: one claim statement and one ack statement per
-batch of jobs, each committed while the rest of the worker goes on.
+all overlap instead of taking turns: one claim statement and one outcome statement
+per batch of jobs, each committed while the rest of the worker goes on.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import queue as queue_module
 import time
 from typing import TYPE_CHECKING
 
-from pgqueue import DatabaseUnavailable, Queue
+from pgqueue import DatabaseUnavailable, WorkerProtocol
 from pgqueue_worker.claim_policy import ClaimPolicy
 from pgqueue_worker.claims import Claimer, ClaimResult
 from pgqueue_worker.executor import Executor
@@ -76,7 +76,7 @@ class ClaimLoop:
         self._stop_requested = False
         self.gave_up: str | None = None
         """Why the loop stopped on its own, the database unavailable too long."""
-        self._queue = worker.queue  # the one serve() is given, once it runs
+        self._protocol: WorkerProtocol  # the one serve() is given, once it runs
 
     def stop(self) -> None:
         """Stop claiming, and return from :meth:`serve` once every outcome is written
@@ -85,11 +85,15 @@ class ClaimLoop:
         self.handover.wake.set()
 
     def serve(
-        self, queue: Queue, executor: Executor, claimer: Claimer, writer: OutcomeWriter
+        self,
+        protocol: WorkerProtocol,
+        executor: Executor,
+        claimer: Claimer,
+        writer: OutcomeWriter,
     ) -> bool:
         """Run until stopped; True when every claimed job's outcome was written or
         discarded, False when the shutdown timeout left jobs to their leases."""
-        self._queue = queue
+        self._protocol = protocol
         stop_deadline: float | None = None
         claim_policy = self.claim_policy
         in_flight = self.in_flight
@@ -199,11 +203,11 @@ class ClaimLoop:
 
         Reaping is schema-wide, as the reaper thread's is (see ``Reaper``)."""
         try:
-            reaped = self._queue.reap()
+            reaped = self._protocol.reap()
         except DatabaseUnavailable as exc:
             self._counts["database_errors"] += 1
             self._health.failed("burst reap", exc)
-            discard_broken_connections(self._queue)
+            discard_broken_connections(self._protocol)
             reaped = None
             self.claim_policy.back_off()
         if reaped == []:
@@ -240,7 +244,7 @@ class ClaimLoop:
             if isinstance(error, DatabaseUnavailable):
                 self._counts["database_errors"] += 1
                 self._health.failed("claim loop", error)
-                discard_broken_connections(self._queue)
+                discard_broken_connections(self._protocol)
             else:
                 log.error("claim loop error; retrying with backoff", exc_info=error)
             self.claim_policy.claim_failed(kind)

@@ -17,7 +17,7 @@ import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from pgqueue import Job, Queue, Waiter
+from pgqueue import Job, Waiter, WorkerProtocol
 from pgqueue_worker.service import HandOffService
 
 log = logging.getLogger("pgqueue.worker")
@@ -37,7 +37,7 @@ class ClaimResult:
 
 
 class Claimer(HandOffService):
-    """Runs ``queue.claim`` for the claim loop, one request at a time, and reports each
+    """Runs ``protocol.claim`` for the claim loop, one request at a time, and reports each
     result to ``on_claimed`` from its own thread.
 
     :meth:`stop` lets the claim in progress, if any, finish and report its result."""
@@ -46,7 +46,7 @@ class Claimer(HandOffService):
 
     def __init__(
         self,
-        queue: Queue,
+        protocol: WorkerProtocol,
         queues: Collection[str],
         tasks: Collection[str],
         *,
@@ -57,7 +57,7 @@ class Claimer(HandOffService):
         waiter_seconds: float | None = None,
     ) -> None:
         super().__init__()
-        self.queue = queue
+        self.protocol = protocol
         self.queues = list(queues)
         self.tasks = list(tasks)
         self.lease_seconds = lease_seconds
@@ -106,7 +106,7 @@ class Claimer(HandOffService):
 
     def _claim(self, limit: int, tasks: list[str]) -> ClaimResult:
         try:
-            jobs = self.queue.claim(
+            jobs = self.protocol.claim(
                 self.queues,
                 tasks,
                 limit,
@@ -120,7 +120,7 @@ class Claimer(HandOffService):
         if len(jobs) == limit:
             return ClaimResult(limit, jobs)
         try:
-            seconds = self.queue.next_run_in(self.queues, tasks)
+            seconds = self.protocol.next_run_in(self.queues, tasks)
         except Exception:
             # The claim itself committed: its jobs must reach the loop. Without the
             # delay, the loop looks again at its next poll.

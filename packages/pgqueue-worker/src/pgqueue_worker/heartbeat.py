@@ -6,14 +6,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from pgqueue import Lease, Queue, WorkerRegistration
+from pgqueue import Lease, WorkerProtocol, WorkerRegistration
 from pgqueue_worker.leases import LeaseSet
 from pgqueue_worker.outage import DatabaseHealth
 from pgqueue_worker.service import PeriodicService
 
 
 class Heartbeat(PeriodicService):
-    """Extends all of ``leases`` every ``interval`` seconds through ``queue``, which should
+    """Extends all of ``leases`` every ``interval`` seconds through ``protocol``, which should
     have a connection of its own so that a busy pool can never delay it.
 
     Leases the database no longer recognises (the job was cancelled, or reaped after
@@ -28,7 +28,7 @@ class Heartbeat(PeriodicService):
 
     def __init__(
         self,
-        queue: Queue,
+        protocol: WorkerProtocol,
         leases: LeaseSet,
         *,
         interval: float,
@@ -39,7 +39,7 @@ class Heartbeat(PeriodicService):
         worker: WorkerRegistration | None = None,
     ) -> None:
         super().__init__(interval, health)
-        self.queue = queue
+        self.protocol = protocol
         self.leases = leases
         self.lease_seconds = lease_seconds
         self.on_lost = on_lost
@@ -52,7 +52,7 @@ class Heartbeat(PeriodicService):
         if not held and self.worker is None:
             return False
         started = time.monotonic()
-        lost_ids = self.queue.heartbeat(held, self.lease_seconds, worker=self.worker)
+        lost_ids = self.protocol.heartbeat(held, self.lease_seconds, worker=self.worker)
         if self.on_beat is not None:
             self.on_beat(time.monotonic() - started)
         if lost_ids:

@@ -13,6 +13,7 @@ import logging
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
+from pgqueue import WorkerProtocol
 from pgqueue.settings import notify_channel
 from pgqueue_worker import connections
 from pgqueue_worker.claims import Claimer
@@ -51,6 +52,7 @@ class Helpers:
     def __init__(
         self,
         worker: Worker,
+        protocol: WorkerProtocol,
         *,
         handover: Handover,
         health: DatabaseHealth,
@@ -62,6 +64,7 @@ class Helpers:
         self._worker = worker
         self._kinds = kinds
         self._queue = queue
+        self._protocol = protocol
         self._health = health
         self.executor = Executor(
             worker.concurrency,
@@ -71,13 +74,13 @@ class Helpers:
             async_size=worker.async_concurrency,
         )
         self.writer = OutcomeWriter(
-            queue,
+            protocol,
             health=health,
             on_written=handover.outcomes_written,
             on_statement=None if metrics is None else metrics.outcomes_written,
         )
         self.claimer = Claimer(
-            queue,
+            protocol,
             worker.queues,
             worker.tasks,
             lease_seconds=worker.lease_seconds,
@@ -102,7 +105,7 @@ class Helpers:
         )
         register(queue, self._me)
         heartbeat = Heartbeat(
-            self._heartbeat_queue,
+            WorkerProtocol(self._heartbeat_queue),
             leases,
             interval=worker.heartbeat_seconds,
             lease_seconds=worker.lease_seconds,
@@ -111,7 +114,7 @@ class Helpers:
             on_beat=None if metrics is None else metrics.heartbeat_written,
             worker=self._me,
         )
-        reaper = Reaper(queue, interval=worker.reap_interval, health=health)
+        reaper = Reaper(protocol, interval=worker.reap_interval, health=health)
         self._pruner = None
         retention = worker.retention
         if retention is not None and retention.rules() and worker.prune_interval > 0:
@@ -124,7 +127,7 @@ class Helpers:
         listener = None
         if worker.listen:
             listener = Listener(
-                queue,
+                protocol,
                 worker.queues,
                 connect=lambda: connections.dedicated_connection(queue, connections.LISTEN),
                 wake=handover.notified,
@@ -178,7 +181,7 @@ class Helpers:
         # tried while the database is down: the records expire anyway.
         if not self._health.down:
             with suppress(Exception):
-                self._queue.forget_waiters(self.claimer.waiters.values())
+                self._protocol.forget_waiters(self.claimer.waiters.values())
             deregister(self._queue, self._me)
         self.executor.shutdown()
         self._heartbeat_queue.pool.close(timeout=HELPER_STOP_SECONDS)

@@ -18,6 +18,7 @@ import psycopg_pool
 
 from pgqueue import DatabaseUnavailable, Queue
 from pgqueue.errors import error_line
+from pgqueue.queue_base import QueueBase
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -142,7 +143,7 @@ def why_unavailable(queue: Queue) -> str | None:
     return None
 
 
-def discard_broken_connections(queue: Queue) -> None:
+def discard_broken_connections(queue: QueueBase) -> None:
     """After a connection error, test the pool's idle connections and replace the dead
     ones now, rather than have each later call find one (after a server restart, every
     pooled connection is dead)."""

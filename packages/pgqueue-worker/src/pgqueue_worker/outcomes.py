@@ -7,7 +7,7 @@ batch, so a busy worker writes large batches and an idle one writes each outcome
 once.
 
 Each batch, successes and failures together, is written by one statement
-(``Queue.finish_many``, which works out each failure's backoff). Every write is guarded
+(``WorkerProtocol.finish_many``, which works out each failure's backoff). Every write is guarded
 by the attempt's lease token, so an outcome whose lease was lost meanwhile (cancelled, or
 reaped after a stall) is refused by the database and reported back as lost. While the
 database is unavailable the writer keeps the batch and retries it with backoff; if
@@ -22,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgqueue import DatabaseUnavailable, Lease, Queue
+from pgqueue import DatabaseUnavailable, Lease, WorkerProtocol
 from pgqueue_worker.executor import Attempt
 from pgqueue_worker.outage import Backoff, DatabaseHealth, discard_broken_connections
 from pgqueue_worker.service import HandOffService
@@ -62,8 +62,8 @@ class WriteReport:
 
 
 class OutcomeWriter(HandOffService):
-    """Writes the outcomes given to :meth:`submit` through ``queue`` and reports each
-    round to ``on_written``, from its own thread. ``queue``'s lifecycle hooks
+    """Writes the outcomes given to :meth:`submit` through ``protocol`` and reports each
+    round to ``on_written``, from its own thread. ``protocol``'s lifecycle hooks
     (``on_success``, ``on_fail``, ``on_dead``) therefore run on this thread.
 
     :meth:`stop` leaves outcomes not yet written to their leases."""
@@ -73,14 +73,14 @@ class OutcomeWriter(HandOffService):
 
     def __init__(
         self,
-        queue: Queue,
+        protocol: WorkerProtocol,
         *,
         health: DatabaseHealth,
         on_written: Callable[[WriteReport], None],
         on_statement: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__()
-        self.queue = queue
+        self.protocol = protocol
         self.health = health
         self.on_written = on_written
         self.on_statement = on_statement
@@ -109,7 +109,7 @@ class OutcomeWriter(HandOffService):
                 except DatabaseUnavailable as exc:
                     report.database_errors += 1
                     self.health.failed(self.name, exc)
-                    discard_broken_connections(self.queue)
+                    discard_broken_connections(self.protocol)
                 except Exception:
                     report.database_errors += 1
                     log.exception("writing %d outcomes failed; retrying with backoff", len(batch))
@@ -130,7 +130,7 @@ class OutcomeWriter(HandOffService):
         empty ``batch``. If the database fails, the batch is kept whole: the statement
         wrote nothing, and a retry writes it all."""
         started = time.monotonic()
-        written = self.queue.finish_many(
+        written = self.protocol.finish_many(
             [(o.attempt.job, o.result) for o in batch if o.error is None],
             [(o.attempt.job, o.error) for o in batch if o.error is not None],
         )

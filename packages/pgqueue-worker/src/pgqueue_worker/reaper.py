@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 
-from pgqueue import Queue
+from pgqueue import WorkerProtocol
 from pgqueue_worker.outage import DatabaseHealth
 from pgqueue_worker.service import PeriodicService
 
@@ -24,16 +24,18 @@ log = logging.getLogger("pgqueue.worker")
 
 
 class Reaper(PeriodicService):
-    """Calls ``queue.reap()`` every ``interval`` seconds."""
+    """Calls ``protocol.reap()`` every ``interval`` seconds."""
 
     name = "reaper"
 
-    def __init__(self, queue: Queue, *, interval: float, health: DatabaseHealth) -> None:
+    def __init__(
+        self, protocol: WorkerProtocol, *, interval: float, health: DatabaseHealth
+    ) -> None:
         super().__init__(interval, health, jitter=True)
-        self.queue = queue
+        self.protocol = protocol
 
     def tick(self) -> bool:
-        reaped = self.queue.reap()
+        reaped = self.protocol.reap()
         if reaped is None:
             return False  # another worker holds the reaper lock; this one wrote nothing
         if reaped:

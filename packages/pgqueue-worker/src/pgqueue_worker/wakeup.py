@@ -21,7 +21,7 @@ from collections.abc import Callable, Collection
 
 import psycopg
 
-from pgqueue import DatabaseUnavailable, Queue
+from pgqueue import DatabaseUnavailable, WorkerProtocol
 from pgqueue.errors import first_line
 from pgqueue.settings import notify_channel
 from pgqueue_worker.outage import Backoff
@@ -81,7 +81,7 @@ def _close_fds(*fds: int) -> None:
 
 
 class Listener(StoppableThread):
-    """LISTENs on ``queue``'s channel and calls ``wake()`` for notifications naming one of
+    """LISTENs on ``protocol``'s channel and calls ``wake()`` for notifications naming one of
     ``queues``, on a thread of its own. ``connect()`` opens a new autocommit connection;
     :meth:`stop` also closes it.
 
@@ -95,7 +95,7 @@ class Listener(StoppableThread):
 
     def __init__(
         self,
-        queue: Queue,
+        protocol: WorkerProtocol,
         queues: Collection[str],
         *,
         connect: Callable[[], psycopg.Connection],
@@ -103,9 +103,9 @@ class Listener(StoppableThread):
         poll_interval: float,
     ) -> None:
         super().__init__("pgqueue-listen")
-        self.queue = queue
+        self.protocol = protocol
         self.queues = frozenset(queues)
-        self.channel = notify_channel(queue.schema)
+        self.channel = notify_channel(protocol.schema)
         self._connect = connect
         self._wake = wake
         self._poll_interval = poll_interval
@@ -116,7 +116,7 @@ class Listener(StoppableThread):
         while not self._stopped.is_set():
             try:
                 with self._connect() as conn:
-                    self.queue.listen(conn)
+                    self.protocol.listen(conn)
                     backoff.reset()
                     if broken_since_logged:
                         log.warning("listening on channel %s again", self.channel)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Collection, Mapping
 
-from pgqueue import DatabaseUnavailable, Queue, TaskHandler, ValidationError
+from pgqueue import DatabaseUnavailable, Queue, TaskHandler, ValidationError, WorkerProtocol
 from pgqueue.claiming import CLAIM_MODES, default_worker_id
 from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE
 from pgqueue_worker.claim_loop import ClaimLoop
@@ -186,9 +186,11 @@ class Worker:
         # connection cut off, fails, and is retried like any lost connection, while
         # the leases it would otherwise have kept alive still expire on time.
         self.queue = self.queue.with_statement_timeout(self.lease_seconds / 2)
+        protocol = WorkerProtocol(self.queue)
         loop = self._loop
         helpers = Helpers(
             self,
+            protocol,
             handover=loop.handover,
             health=self._health,
             leases=loop.in_flight.leases,
@@ -196,7 +198,7 @@ class Worker:
         )
         helpers.start()
         try:
-            clean = loop.serve(self.queue, helpers.executor, helpers.claimer, helpers.writer)
+            clean = loop.serve(protocol, helpers.executor, helpers.claimer, helpers.writer)
             if loop.gave_up is not None:
                 raise DatabaseUnavailable(loop.gave_up)
             return clean

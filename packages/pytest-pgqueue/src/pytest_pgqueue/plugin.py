@@ -33,6 +33,7 @@ from pgqueue import (
     JobState,
     LifecycleHooks,
     Queue,
+    WorkerProtocol,
     collect_tasks,
     embedded,
     get_plugin_manager,
@@ -147,7 +148,7 @@ def pgqueue_run_jobs(pgqueue_queue: Queue) -> RunJobs:
             Worker(queue, merged, queues=queues, burst=True, **options).run()
             # The burst worker stops when nothing is runnable now; a failed job whose
             # backoff ends soon is run too, so "until empty" includes its retries.
-            wait = queue.next_run_in(queues, merged)
+            wait = WorkerProtocol(queue).next_run_in(queues, merged)
             if wait is None or time.monotonic() + wait > deadline:
                 return _finished_jobs(pgqueue_queue)
             time.sleep(max(wait, 0.0))
