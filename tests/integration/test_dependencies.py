@@ -260,7 +260,7 @@ def test_concurrent_acks_of_the_last_two_dependencies_release_the_job_exactly_on
         a, b = queue.enqueue("t").job, queue.enqueue("t").job
         dependent = queue.enqueue("after", depends_on=[a.id, b.id]).job
         claimed = _claim_all(queue)
-        _in_parallel(partial(queue.ack, claimed[a.id]), partial(queue.ack, claimed[b.id]))
+        _in_parallel(partial(protocol.ack, claimed[a.id]), partial(protocol.ack, claimed[b.id]))
         assert queue.get(dependent.id).state is JobState.QUEUED
         assert _pending(db, schema, dependent.id) == 0
         (released,) = _claim_all(queue, "after").values()
@@ -275,7 +275,7 @@ def test_an_enqueue_racing_the_ack_of_its_dependency_is_never_stranded(
         dependency = queue.enqueue("t").job
         (running,) = _claim_all(queue).values()
         _, enqueued = _in_parallel(
-            partial(queue.ack, running),
+            partial(protocol.ack, running),
             partial(queue.enqueue, "after", depends_on=[dependency.id]),
         )
         # Whichever came first, the dependency succeeded: the job must be runnable.

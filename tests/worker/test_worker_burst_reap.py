@@ -23,7 +23,7 @@ def _crashed_while_running(
 ) -> Job:
     """A job claimed by a worker that then died: running, its lease already expired."""
     job = jobs.enqueue(task, **options).job
-    jobs.claim([job.queue], [task], worker_id="crashed-worker", lease_seconds=600)
+    WorkerProtocol(jobs).claim([job.queue], [task], worker_id="crashed-worker", lease_seconds=600)
     db.execute(
         sql.SQL(
             "UPDATE {}.active_jobs SET lease_expires_at = now() - interval '1 minute' WHERE id = %s"
