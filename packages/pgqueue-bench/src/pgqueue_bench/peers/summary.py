@@ -58,7 +58,7 @@ def summarize(
             if not is_pgqueue(name) and workers in throughput[name]
         }
         if peers and spread["median"]:
-            fastest = max(peers, key=peers.get)
+            fastest = max(peers, key=lambda name: peers[name])
             ratios[workers] = {
                 "pgqueue": spread["median"],
                 "fastest_peer": fastest,
