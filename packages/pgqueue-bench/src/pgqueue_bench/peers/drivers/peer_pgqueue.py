@@ -123,27 +123,15 @@ def report(url: str, latencies: bool) -> dict:
 
 
 def main() -> None:
-    args = peerlib.command_line(__doc__)
-    if args.command == "version":
-        peerlib.print_json(
-            {"pgqueue-worker": metadata.version("pgqueue-worker"), "settings": DEFAULT_SETTINGS}
-        )
-    elif args.command == "setup":
-        setup(args.database_url)
-    elif args.command == "enqueue":
-        enqueue(args.database_url, args.jobs)
-    elif args.command == "produce":
-        produce(args.database_url, args.jobs, args.rate)
-    elif args.command == "work":
-        work(
-            args.database_url,
-            args.seen_file,
-            args.drain,
-            peerlib.settings(args.setting),
-            args.sleep_ms,
-        )
-    elif args.command == "report":
-        peerlib.print_json(report(args.database_url, args.latencies))
+    peerlib.serve(
+        __doc__,
+        {"pgqueue-worker": metadata.version("pgqueue-worker"), "settings": DEFAULT_SETTINGS},
+        setup=setup,
+        enqueue=enqueue,
+        produce=produce,
+        work=work,
+        report=report,
+    )
 
 
 if __name__ == "__main__":

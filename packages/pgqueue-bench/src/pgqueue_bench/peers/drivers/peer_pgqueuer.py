@@ -104,27 +104,15 @@ def report(url: str, latencies: bool) -> dict:
 
 
 def main() -> None:
-    args = peerlib.command_line(__doc__)
-    if args.command == "version":
-        peerlib.print_json({"pgqueuer": metadata.version("pgqueuer"), "settings": DEFAULT_SETTINGS})
-    elif args.command == "setup":
-        asyncio.run(setup(args.database_url))
-    elif args.command == "enqueue":
-        asyncio.run(enqueue(args.database_url, args.jobs))
-    elif args.command == "produce":
-        asyncio.run(produce(args.database_url, args.jobs, args.rate))
-    elif args.command == "work":
-        asyncio.run(
-            work(
-                args.database_url,
-                args.seen_file,
-                args.drain,
-                peerlib.settings(args.setting),
-                args.sleep_ms,
-            )
-        )
-    elif args.command == "report":
-        peerlib.print_json(report(args.database_url, args.latencies))
+    peerlib.serve(
+        __doc__,
+        {"pgqueuer": metadata.version("pgqueuer"), "settings": DEFAULT_SETTINGS},
+        setup=setup,
+        enqueue=enqueue,
+        produce=produce,
+        work=work,
+        report=report,
+    )
 
 
 if __name__ == "__main__":

@@ -55,6 +55,8 @@ async def produce(url: str, jobs: int, rate: float) -> None:
 
 
 async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep_ms: float) -> None:
+    # An interrupt at the terminal is the driver's to handle; the worker stops on SIGTERM.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     seen: list[int] = []
     app = make_app(url, seen, sleep_ms)
     chosen = {**DEFAULT_SETTINGS, **settings}
@@ -84,30 +86,15 @@ def report(url: str, latencies: bool) -> dict:
 
 
 def main() -> None:
-    args = peerlib.command_line(__doc__)
-    if args.command == "version":
-        peerlib.print_json(
-            {"procrastinate": metadata.version("procrastinate"), "settings": DEFAULT_SETTINGS}
-        )
-    elif args.command == "setup":
-        asyncio.run(setup(args.database_url))
-    elif args.command == "enqueue":
-        asyncio.run(enqueue(args.database_url, args.jobs))
-    elif args.command == "produce":
-        asyncio.run(produce(args.database_url, args.jobs, args.rate))
-    elif args.command == "work":
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        asyncio.run(
-            work(
-                args.database_url,
-                args.seen_file,
-                args.drain,
-                peerlib.settings(args.setting),
-                args.sleep_ms,
-            )
-        )
-    elif args.command == "report":
-        peerlib.print_json(report(args.database_url, args.latencies))
+    peerlib.serve(
+        __doc__,
+        {"procrastinate": metadata.version("procrastinate"), "settings": DEFAULT_SETTINGS},
+        setup=setup,
+        enqueue=enqueue,
+        produce=produce,
+        work=work,
+        report=report,
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """What the peer scripts share. Standard library only: each peer runs in a
 virtualenv of its own, where pgqueue is not installed.
 
-Every peer script answers the same subcommands, which ``compare.py`` drives:
+Every peer script answers the same subcommands (:func:`serve` reads them), which
+``pgqueue_bench.peers`` drives:
 
 ``version``
     print the peer's package version
@@ -29,11 +30,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import re
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from functools import cache
 from pathlib import Path
 
@@ -128,6 +130,41 @@ def command_line(description: str, argv: list[str] | None = None) -> argparse.Na
     return parser.parse_args(argv)
 
 
+def serve(
+    description: str,
+    version: dict[str, object],
+    *,
+    setup: Callable[[str], object],
+    enqueue: Callable[[str, int], object],
+    produce: Callable[[str, int, float], object],
+    work: Callable[[str, Path, bool, dict[str, str], float], object],
+    report: Callable[[str, bool], object],
+) -> None:
+    """Run the subcommand on the command line with the peer's own functions, each
+    taking that subcommand's options in order (``work``: the database URL, seen file,
+    drain, settings and sleep in milliseconds); one that returns a coroutine runs under
+    asyncio. ``version`` prints ``version``; ``report`` prints what ``report`` returns."""
+    args = command_line(description)
+    if args.command == "version":
+        print_json(version)
+        return
+    url = args.database_url
+    calls: dict[str, Callable[[], object]] = {
+        "setup": lambda: setup(url),
+        "enqueue": lambda: enqueue(url, args.jobs),
+        "produce": lambda: produce(url, args.jobs, args.rate),
+        "work": lambda: work(
+            url, args.seen_file, args.drain, settings(args.setting), args.sleep_ms
+        ),
+        "report": lambda: report(url, args.latencies),
+    }
+    result = calls[args.command]()
+    if inspect.iscoroutine(result):
+        result = asyncio.run(result)
+    if args.command == "report":
+        print_json(result)
+
+
 def settings(pairs: Iterable[str]) -> dict[str, str]:
     """``NAME=VALUE`` pairs as a dict."""
     return dict(pair.split("=", 1) for pair in pairs)
@@ -153,7 +190,7 @@ def cpu_path(seen_file: Path) -> Path:
 
 
 def print_json(value: object) -> None:
-    """The one line of output ``compare.py`` reads."""
+    """The one line of output the driver reads."""
     print(json.dumps(value), flush=True)
 
 
