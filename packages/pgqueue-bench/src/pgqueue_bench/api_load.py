@@ -260,9 +260,9 @@ def api_command(
         "batch_jobs_per_second": results.spread(r["batch"]["jobs_per_second"] for r in done),
         "batch_to_single_ratio": results.spread(r["batch_to_single_ratio"] for r in done),
     }
-    document = results.document(
+    results.record(
         "api",
-        environment=environment.describe(
+        environment.describe(
             target.url,
             target.server,
             **{
@@ -281,7 +281,7 @@ def api_command(
         },
         runs=done,
         summary=summary,
+        directory=results_dir,
     )
-    path = results.write("api", document, results_dir)
     ratio = statistics.median(r["batch_to_single_ratio"] for r in done)
-    click.echo(f"wrote {path}; median batch/single ratio {ratio}x (target: at least 20x)")
+    click.echo(f"median batch/single ratio {ratio}x (target: at least 20x)")

@@ -409,18 +409,14 @@ def controls_command(
         progress.clear()
     summary = summarize(runs)
     parameters = {**asdict(scenario), "worker": scenario.worker_settings().arguments()}
-    path = results.write(
+    results.record(
         "controls",
-        results.document(
-            "controls",
-            environment=environment.describe(target.url, target.server),
-            parameters=parameters,
-            runs=runs,
-            summary=summary,
-        ),
-        results_dir,
+        environment.describe(target.url, target.server),
+        parameters=parameters,
+        runs=runs,
+        summary=summary,
+        directory=results_dir,
     )
-    click.echo(f"wrote {path}")
     for name in ("pause_to_quiet_ms", "resume_to_first_start_ms"):
         figure = summary[name]
         click.echo(

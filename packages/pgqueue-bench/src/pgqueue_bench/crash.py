@@ -295,18 +295,14 @@ def crash_command(
             progress.log(f"run {repeat + 1}: {_describe_run(run)}")
     summary = summarize_runs(runs)
     parameters = {**asdict(scenario), "repeats": repeats, "kills": kills}
-    path = results.write(
+    results.record(
         "crash",
-        results.document(
-            "crash",
-            environment=environment.describe(target.url, target.server),
-            parameters=parameters,
-            runs=runs,
-            summary=summary,
-        ),
-        results_dir,
+        environment.describe(target.url, target.server),
+        parameters=parameters,
+        runs=runs,
+        summary=summary,
+        directory=results_dir,
     )
-    click.echo(f"wrote {path}")
     if not summary["every_job_succeeded_in_every_run"]:
         raise click.ClickException("some jobs did not succeed: see the runs above")
     if not summary["every_dependency_kept_in_every_run"]:

@@ -233,15 +233,11 @@ def latency_command(
         "repeats": repeats,
         "modes": {mode: scenario.worker_settings(mode).arguments() for mode in (modes or MODES)},
     }
-    path = results.write(
+    results.record(
         "latency",
-        results.document(
-            "latency",
-            environment=environment.describe(target.url, target.server),
-            parameters=parameters,
-            runs=runs,
-            summary=summarize_runs(runs),
-        ),
-        results_dir,
+        environment.describe(target.url, target.server),
+        parameters=parameters,
+        runs=runs,
+        summary=summarize_runs(runs),
+        directory=results_dir,
     )
-    click.echo(f"wrote {path}")

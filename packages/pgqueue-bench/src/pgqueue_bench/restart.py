@@ -378,13 +378,13 @@ def restart_command(
         "restart": "--restart-cmd" if restart_cmd else "pg_ctl restart on a private cluster",
     }
     summary = summarize_runs(runs)
-    path = results.write(
+    results.record(
         "restart",
-        results.document(
-            "restart", environment=block, parameters=parameters, runs=runs, summary=summary
-        ),
-        results_dir,
+        block,
+        parameters=parameters,
+        runs=runs,
+        summary=summary,
+        directory=results_dir,
     )
-    click.echo(f"wrote {path}")
     if not summary["every_job_succeeded_in_every_run"]:
         raise click.ClickException("some jobs did not succeed: see the runs above")

@@ -314,17 +314,14 @@ def throughput_command(
         "worker_log_arguments": list(WORKER_LOG_ARGUMENTS),
         "rate": "jobs / (last finished_at - first started_at), database clock",
     }
-    path = results.write(
+    results.record(
         results_name,
-        results.document(
-            "throughput",
-            environment=environment.describe(target.url, target.server),
-            parameters=parameters,
-            runs=runs,
-            summary=summary,
-        ),
-        results_dir,
+        environment.describe(target.url, target.server),
+        parameters=parameters,
+        runs=runs,
+        summary=summary,
+        directory=results_dir,
+        benchmark="throughput",
     )
-    click.echo(f"wrote {path}")
     if any(not run["verified"] for run in runs):
         raise click.ClickException("some runs were not verified: see above")
