@@ -30,10 +30,11 @@ from psycopg.rows import dict_row
 
 from pgqueue import DatabaseUnavailable
 from pgqueue_bench import database, environment, handlers, observe, results
+from pgqueue_bench.binaries import binaries_for
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.queries import one_row, statement
-from pgqueue_bench.servers import PrivateServer, ShutdownMode, binaries_for
+from pgqueue_bench.servers import PrivateServer, ShutdownMode
 
 QUEUE_NAME = "bench_restart"
 RESTART_MODES: tuple[ShutdownMode, ...] = ("fast", "immediate")

@@ -73,6 +73,7 @@ import click
 
 from pgqueue import migrate
 from pgqueue_bench import database, environment, results
+from pgqueue_bench.binaries import binaries_for
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.scale_history import HistoryWindow, load_history, relation_sizes
 from pgqueue_bench.scale_measure import measure_drain, measure_prune, measure_scrapes
@@ -90,7 +91,7 @@ from pgqueue_bench.scale_scenario import (
 from pgqueue_bench.scale_soak import run_soak
 from pgqueue_bench.scale_summary import summarize_sizes
 from pgqueue_bench.server_cpu import ServerCpu, postgres_cpu_seconds
-from pgqueue_bench.servers import PrivateServer, binaries_for
+from pgqueue_bench.servers import PrivateServer
 
 # -- the history sizes ------------------------------------------------------------------
 

@@ -32,14 +32,9 @@ import httpx
 from pgqueue import DatabaseUnavailable, Queue, migrate
 from pgqueue_bench import audit, environment, netns, results, soak_plot, soak_samples, soak_verdict
 from pgqueue_bench.apiserver import api_server
+from pgqueue_bench.binaries import binaries_for
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
-from pgqueue_bench.servers import (
-    LOOPBACK,
-    SUPERUSER,
-    PrivateServer,
-    binaries_for,
-    quiet_pool_logs,
-)
+from pgqueue_bench.servers import LOOPBACK, SUPERUSER, PrivateServer, quiet_pool_logs
 from pgqueue_bench.soak_chaos import Chaos
 from pgqueue_bench.soak_evidence import collect_evidence
 from pgqueue_bench.soak_samples import Sampler

@@ -40,9 +40,10 @@ import psycopg
 
 from pgqueue import Job, JobSpec, JobState, Queue
 from pgqueue_bench import database, environment, handlers, observe, results
+from pgqueue_bench.binaries import binaries_for
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
 from pgqueue_bench.progress import LiveLine
-from pgqueue_bench.servers import PrivateServer, binaries_for
+from pgqueue_bench.servers import PrivateServer
 
 QUEUE_NAME = "bench_throughput"
 BASELINE_MODE = "skip-locked"
