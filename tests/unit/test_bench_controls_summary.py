@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pgqueue_bench.controls import most_at_once, summarize
+from pgqueue_bench.controls_summary import most_at_once, summarize
 from pgqueue_bench.peers import summary as peers_summary
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
