@@ -126,11 +126,7 @@ def main() -> None:
     peerlib.serve(
         __doc__,
         {"pgqueue-worker": metadata.version("pgqueue-worker"), "settings": DEFAULT_SETTINGS},
-        setup=setup,
-        enqueue=enqueue,
-        produce=produce,
-        work=work,
-        report=report,
+        sys.modules[__name__],
     )
 
 

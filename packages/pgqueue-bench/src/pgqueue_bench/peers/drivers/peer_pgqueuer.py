@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from datetime import timedelta
 from importlib import metadata
 
@@ -89,29 +90,14 @@ async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep
 
 def report(url: str, latencies: bool) -> dict:
     with psycopg.connect(url) as conn:
-        row = conn.execute(peerlib.queries()["pgqueuer_report"]).fetchone()
-        out = dict(
-            zip(
-                ("completed", "left_in_queue", "most_starts_of_one_job", "seconds"),
-                row,
-                strict=True,
-            )
-        )
-        if latencies:
-            rows = conn.execute(peerlib.queries()["pgqueuer_latencies"]).fetchall()
-            out["latencies_ms"] = [value for (value,) in rows]
-    return out
+        return peerlib.report_from_tables(conn, "pgqueuer", latencies)
 
 
 def main() -> None:
     peerlib.serve(
         __doc__,
         {"pgqueuer": metadata.version("pgqueuer"), "settings": DEFAULT_SETTINGS},
-        setup=setup,
-        enqueue=enqueue,
-        produce=produce,
-        work=work,
-        report=report,
+        sys.modules[__name__],
     )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sys
 from importlib import metadata
 
 import peerlib
@@ -75,25 +76,14 @@ async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep
 
 def report(url: str, latencies: bool) -> dict:
     with psycopg.connect(url) as conn:
-        row = conn.execute(peerlib.queries()["procrastinate_report"]).fetchone()
-        out = dict(
-            zip(("completed", "jobs", "most_starts_of_one_job", "seconds"), row, strict=True)
-        )
-        if latencies:
-            rows = conn.execute(peerlib.queries()["procrastinate_latencies"]).fetchall()
-            out["latencies_ms"] = [value for (value,) in rows]
-    return out
+        return peerlib.report_from_tables(conn, "procrastinate", latencies)
 
 
 def main() -> None:
     peerlib.serve(
         __doc__,
         {"procrastinate": metadata.version("procrastinate"), "settings": DEFAULT_SETTINGS},
-        setup=setup,
-        enqueue=enqueue,
-        produce=produce,
-        work=work,
-        report=report,
+        sys.modules[__name__],
     )
 
 

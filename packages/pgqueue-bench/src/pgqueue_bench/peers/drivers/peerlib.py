@@ -38,6 +38,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from functools import cache
 from pathlib import Path
+from types import ModuleType
+from typing import Any
 
 NOOP_TASK = "bench_noop"
 
@@ -130,39 +132,45 @@ def command_line(description: str, argv: list[str] | None = None) -> argparse.Na
     return parser.parse_args(argv)
 
 
-def serve(
-    description: str,
-    version: dict[str, object],
-    *,
-    setup: Callable[[str], object],
-    enqueue: Callable[[str, int], object],
-    produce: Callable[[str, int, float], object],
-    work: Callable[[str, Path, bool, dict[str, str], float], object],
-    report: Callable[[str, bool], object],
-) -> None:
-    """Run the subcommand on the command line with the peer's own functions, each
-    taking that subcommand's options in order (``work``: the database URL, seen file,
-    drain, settings and sleep in milliseconds); one that returns a coroutine runs under
-    asyncio. ``version`` prints ``version``; ``report`` prints what ``report`` returns."""
+def serve(description: str, version: dict[str, object], peer: ModuleType) -> None:
+    """Run the subcommand on the command line with the functions of the ``peer`` script's
+    module, each named after its subcommand and taking its options in order
+    (``work``: the database URL, seen file, drain, settings and sleep in milliseconds);
+    one that returns a coroutine runs under asyncio. ``version`` prints ``version``;
+    ``report`` prints what ``peer.report`` returns."""
     args = command_line(description)
     if args.command == "version":
         print_json(version)
         return
     url = args.database_url
     calls: dict[str, Callable[[], object]] = {
-        "setup": lambda: setup(url),
-        "enqueue": lambda: enqueue(url, args.jobs),
-        "produce": lambda: produce(url, args.jobs, args.rate),
-        "work": lambda: work(
+        "setup": lambda: peer.setup(url),
+        "enqueue": lambda: peer.enqueue(url, args.jobs),
+        "produce": lambda: peer.produce(url, args.jobs, args.rate),
+        "work": lambda: peer.work(
             url, args.seen_file, args.drain, settings(args.setting), args.sleep_ms
         ),
-        "report": lambda: report(url, args.latencies),
+        "report": lambda: peer.report(url, args.latencies),
     }
     result = calls[args.command]()
     if inspect.iscoroutine(result):
         result = asyncio.run(result)
     if args.command == "report":
         print_json(result)
+
+
+def report_from_tables(connection: Any, system: str, latencies: bool) -> dict[str, object]:
+    """The ``report`` of a peer whose figures ``queries.sql`` reads from its own tables:
+    the columns of ``<system>_report`` by name and, with ``latencies``, every value of
+    ``<system>_latencies`` as ``latencies_ms``. ``connection`` is an open connection
+    whose ``execute`` returns a cursor (psycopg's)."""
+    cursor = connection.execute(queries()[f"{system}_report"])
+    names = [column[0] for column in cursor.description]
+    out: dict[str, object] = dict(zip(names, cursor.fetchone(), strict=True))
+    if latencies:
+        rows = connection.execute(queries()[f"{system}_latencies"]).fetchall()
+        out["latencies_ms"] = [value for (value,) in rows]
+    return out
 
 
 def settings(pairs: Iterable[str]) -> dict[str, str]:
