@@ -34,6 +34,7 @@ import httpx
 
 from pgqueue_bench import database, environment, results
 from pgqueue_bench.apiserver import api_process
+from pgqueue_bench.options import database_url_option, results_dir_option
 
 JSON = {"content-type": "application/json"}
 
@@ -222,8 +223,8 @@ def run_once(url: str, args: Load) -> dict[str, Any]:
 @click.option(
     "--runs", type=int, default=3, show_default=True, help="Repeats, each on a fresh schema."
 )
-@click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@database_url_option
+@results_dir_option
 def api_command(
     workers: int,
     clients: int,

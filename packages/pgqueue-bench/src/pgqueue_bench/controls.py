@@ -41,6 +41,7 @@ from pgqueue import JobSpec, Queue
 from pgqueue_bench import database, environment, handlers, observe, results
 from pgqueue_bench.controls_summary import most_at_once, summarize
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.queries import one_row, statement, statement_in
 
@@ -332,8 +333,8 @@ def _describe_cycle(cycle: dict[str, Any]) -> str:
     "--concurrency", type=click.IntRange(1), default=4, show_default=True, help="Slots per worker."
 )
 @click.option("--quick", is_flag=True, help="3 cycles, 30 limited jobs, a 3 s rate window.")
-@click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@database_url_option
+@results_dir_option
 def controls_command(
     cycles: int,
     workers: int,

@@ -30,6 +30,7 @@ from psycopg.rows import dict_row
 from pgqueue import BatchItem, JobSpec, Queue
 from pgqueue_bench import database, environment, handlers, observe, results
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.queries import one_row, schema_statement
 
@@ -250,8 +251,8 @@ def _describe_run(run: dict[str, Any]) -> str:
     help="Jobs in groups of ten that wait for each other: also check that no dependent "
     "ran before its dependencies succeeded.",
 )
-@click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@database_url_option
+@results_dir_option
 def crash_command(
     jobs: int,
     workers: int,

@@ -63,6 +63,7 @@ from pgqueue_bench.enqueue_summary import (
     describe_run,
     summarize,
 )
+from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.progress import LiveLine
 
 
@@ -229,8 +230,8 @@ def skip_reasons(cases: Sequence[str], tools: Tools) -> dict[str, str]:
     metavar="NAME=PYTHON",
     help="The Python of a peer's virtualenv (pgqueuer, procrastinate); repeatable.",
 )
-@click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@database_url_option
+@results_dir_option
 @click.option(
     "--results-name",
     default="enqueue",

@@ -22,6 +22,7 @@ import click
 from pgqueue import JobSpec, Queue
 from pgqueue_bench import database, environment, handlers, observe, results
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.progress import LiveLine
 
 QUEUE_NAME = "bench_latency"
@@ -195,8 +196,8 @@ def _describe_run(run: dict[str, Any]) -> str:
 )
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--quick", is_flag=True, help="300 jobs, one run per mode.")
-@click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@database_url_option
+@results_dir_option
 def latency_command(
     rate: float,
     jobs: int,

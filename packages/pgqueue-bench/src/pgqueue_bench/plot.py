@@ -20,6 +20,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from pgqueue_bench import results
+from pgqueue_bench.options import results_dir_option
 
 
 def machine_note(document: dict[str, Any]) -> str:
@@ -163,7 +164,7 @@ def plot_all(directory: Path | str | None = None) -> list[Path]:
 
 
 @click.command("plot")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@results_dir_option
 def plot_command(results_dir: str | None) -> None:
     """Draw PNG charts from the JSON results (throughput, latency, peers)."""
     paths = plot_all(results_dir)

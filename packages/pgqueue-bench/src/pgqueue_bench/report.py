@@ -22,6 +22,7 @@ from typing import Any
 import click
 
 from pgqueue_bench import cli_reference, results
+from pgqueue_bench.options import results_dir_option
 from pgqueue_bench.report_benchmarks import (
     baseline_section,
     controls_section,
@@ -130,7 +131,7 @@ def replace_between_markers(
     help="The page whose cli markers get the command-line reference.",
 )
 @click.option("--check", is_flag=True, help="Only check that both pages are up to date.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@results_dir_option
 def report_command(
     results_page: Path, cli_page: Path, check: bool, results_dir: str | None
 ) -> None:

@@ -32,6 +32,7 @@ from pgqueue import DatabaseUnavailable
 from pgqueue_bench import database, environment, handlers, observe, results
 from pgqueue_bench.binaries import binaries_for
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.options import results_dir_option
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.queries import one_row, statement
 from pgqueue_bench.servers import PrivateServer, ShutdownMode
@@ -312,7 +313,7 @@ def _describe_run(run: dict[str, Any]) -> str:
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--quick", is_flag=True, help="200 jobs.")
 @click.option("--database-url", envvar="DATABASE_URL", help="Only with --restart-cmd.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@results_dir_option
 def restart_command(
     jobs: int,
     workers: int,

@@ -74,6 +74,7 @@ import click
 from pgqueue import migrate
 from pgqueue_bench import database, environment, results
 from pgqueue_bench.binaries import binaries_for
+from pgqueue_bench.options import results_dir_option
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.scale_history import HistoryWindow, load_history, relation_sizes
 from pgqueue_bench.scale_measure import measure_drain, measure_prune, measure_scrapes
@@ -249,7 +250,7 @@ def _sizes(text: str) -> tuple[int, ...]:
     metavar="NAME=VALUE",
     help="A setting of the private cluster, e.g. shared_buffers=2GB (repeatable).",
 )
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@results_dir_option
 @click.option("--results-name", default="scale", show_default=True)
 def scale_command(
     sizes: str,

@@ -42,6 +42,7 @@ from pgqueue import Job, JobSpec, JobState, Queue
 from pgqueue_bench import database, environment, handlers, observe, results
 from pgqueue_bench.binaries import binaries_for
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.servers import PrivateServer
 
@@ -253,8 +254,8 @@ def _private_target(like_url: str | None) -> database.Target:
     is_flag=True,
     help="Run on a private cluster of the same PostgreSQL version with max_connections 500.",
 )
-@click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@database_url_option
+@results_dir_option
 @click.option(
     "--results-name",
     default="throughput",

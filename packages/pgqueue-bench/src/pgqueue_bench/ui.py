@@ -39,6 +39,7 @@ from pgqueue.schedules import Schedule
 from pgqueue_bench import database, environment, handlers, results
 from pgqueue_bench.apiserver import api_process
 from pgqueue_bench.latency import percentiles
+from pgqueue_bench.options import results_dir_option
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.scale import private_target
 from pgqueue_bench.scale_history import HistoryWindow, load_history
@@ -291,7 +292,7 @@ def _last_hour(url: str, schema: str) -> dict[str, Any]:
     help="Timed requests per page.",
 )
 @click.option("--database-url", help="Run on this server instead of a private cluster.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@results_dir_option
 @click.option("--results-name", default="ui", show_default=True)
 def ui_command(
     finished: int,
