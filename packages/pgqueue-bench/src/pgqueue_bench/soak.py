@@ -30,7 +30,7 @@ import click
 import httpx
 
 from pgqueue import DatabaseUnavailable, Queue, migrate
-from pgqueue_bench import audit, environment, netns, results, soak_plot, soak_samples, soak_verdict
+from pgqueue_bench import audit, environment, netns, plot_soak, results, soak_samples, soak_verdict
 from pgqueue_bench.apiserver import api_server
 from pgqueue_bench.binaries import binaries_for
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
@@ -378,7 +378,7 @@ def soak_command(
     content = document(run, verdict)
     path = results.write_to(output, content)
     click.echo(f"wrote {path}")
-    click.echo(f"wrote {soak_plot.plot_soak(content, plot_path)}")
+    click.echo(f"wrote {plot_soak.plot_soak(content, plot_path)}")
     for item in verdict["items"]:
         click.echo(soak_verdict.describe(item))
     if not verdict["passed"]:
