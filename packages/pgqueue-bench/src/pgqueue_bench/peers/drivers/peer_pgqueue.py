@@ -122,13 +122,9 @@ def report(url: str, latencies: bool) -> dict:
     return out
 
 
-def main() -> None:
+if __name__ == "__main__":
     peerlib.serve(
         __doc__,
         {"pgqueue-worker": metadata.version("pgqueue-worker"), "settings": DEFAULT_SETTINGS},
         sys.modules[__name__],
     )
-
-
-if __name__ == "__main__":
-    main()

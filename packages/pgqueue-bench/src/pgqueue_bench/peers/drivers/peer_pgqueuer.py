@@ -18,7 +18,6 @@ from importlib import metadata
 
 import asyncpg
 import peerlib
-import psycopg
 from pgqueuer import PgQueuer
 from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
@@ -89,17 +88,12 @@ async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep
 
 
 def report(url: str, latencies: bool) -> dict:
-    with psycopg.connect(url) as conn:
-        return peerlib.report_from_tables(conn, "pgqueuer", latencies)
+    return peerlib.report_from_tables(url, "pgqueuer", latencies)
 
 
-def main() -> None:
+if __name__ == "__main__":
     peerlib.serve(
         __doc__,
         {"pgqueuer": metadata.version("pgqueuer"), "settings": DEFAULT_SETTINGS},
         sys.modules[__name__],
     )
-
-
-if __name__ == "__main__":
-    main()

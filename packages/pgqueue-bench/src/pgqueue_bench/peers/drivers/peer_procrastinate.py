@@ -15,7 +15,6 @@ from importlib import metadata
 
 import peerlib
 import procrastinate
-import psycopg
 
 DEFAULT_SETTINGS = {"concurrency": "30"}
 
@@ -75,17 +74,12 @@ async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep
 
 
 def report(url: str, latencies: bool) -> dict:
-    with psycopg.connect(url) as conn:
-        return peerlib.report_from_tables(conn, "procrastinate", latencies)
+    return peerlib.report_from_tables(url, "procrastinate", latencies)
 
 
-def main() -> None:
+if __name__ == "__main__":
     peerlib.serve(
         __doc__,
         {"procrastinate": metadata.version("procrastinate"), "settings": DEFAULT_SETTINGS},
         sys.modules[__name__],
     )
-
-
-if __name__ == "__main__":
-    main()

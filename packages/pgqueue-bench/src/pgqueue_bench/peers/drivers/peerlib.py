@@ -1,5 +1,6 @@
-"""What the peer scripts share. Standard library only: each peer runs in a
-virtualenv of its own, where pgqueue is not installed.
+"""What the peer scripts share. Standard library only (but for the psycopg of
+:func:`report_from_tables`): each peer runs in a virtualenv of its own, where pgqueue
+is not installed.
 
 Every peer script answers the same subcommands (:func:`serve` reads them), which
 ``pgqueue_bench.peers`` drives:
@@ -39,7 +40,6 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from functools import cache
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 NOOP_TASK = "bench_noop"
 
@@ -159,17 +159,20 @@ def serve(description: str, version: dict[str, object], peer: ModuleType) -> Non
         print_json(result)
 
 
-def report_from_tables(connection: Any, system: str, latencies: bool) -> dict[str, object]:
+def report_from_tables(url: str, system: str, latencies: bool) -> dict[str, object]:
     """The ``report`` of a peer whose figures ``queries.sql`` reads from its own tables:
     the columns of ``<system>_report`` by name and, with ``latencies``, every value of
-    ``<system>_latencies`` as ``latencies_ms``. ``connection`` is an open connection
-    whose ``execute`` returns a cursor (psycopg's)."""
-    cursor = connection.execute(queries()[f"{system}_report"])
-    names = [column[0] for column in cursor.description]
-    out: dict[str, object] = dict(zip(names, cursor.fetchone(), strict=True))
-    if latencies:
-        rows = connection.execute(queries()[f"{system}_latencies"]).fetchall()
-        out["latencies_ms"] = [value for (value,) in rows]
+    ``<system>_latencies`` as ``latencies_ms``. Read with psycopg, which every peer's
+    virtualenv has (the only import here from outside the standard library)."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        cursor = conn.execute(queries()[f"{system}_report"])
+        names = [column.name for column in cursor.description or ()]
+        out: dict[str, object] = dict(zip(names, cursor.fetchone() or (), strict=True))
+        if latencies:
+            rows = conn.execute(queries()[f"{system}_latencies"]).fetchall()
+            out["latencies_ms"] = [value for (value,) in rows]
     return out
 
 
