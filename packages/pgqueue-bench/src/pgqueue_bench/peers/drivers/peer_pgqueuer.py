@@ -87,13 +87,10 @@ async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep
             await connection.close()
 
 
-def report(url: str, latencies: bool) -> dict:
-    return peerlib.report_from_tables(url, "pgqueuer", latencies)
-
-
 if __name__ == "__main__":
     peerlib.serve(
         __doc__,
         {"pgqueuer": metadata.version("pgqueuer"), "settings": DEFAULT_SETTINGS},
         sys.modules[__name__],
+        report_tables="pgqueuer",
     )

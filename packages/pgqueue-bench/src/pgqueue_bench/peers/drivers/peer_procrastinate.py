@@ -73,13 +73,10 @@ async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep
             peerlib.write_seen(seen_file, seen)
 
 
-def report(url: str, latencies: bool) -> dict:
-    return peerlib.report_from_tables(url, "procrastinate", latencies)
-
-
 if __name__ == "__main__":
     peerlib.serve(
         __doc__,
         {"procrastinate": metadata.version("procrastinate"), "settings": DEFAULT_SETTINGS},
         sys.modules[__name__],
+        report_tables="procrastinate",
     )

@@ -132,12 +132,19 @@ def command_line(description: str, argv: list[str] | None = None) -> argparse.Na
     return parser.parse_args(argv)
 
 
-def serve(description: str, version: dict[str, object], peer: ModuleType) -> None:
+def serve(
+    description: str,
+    version: dict[str, object],
+    peer: ModuleType,
+    *,
+    report_tables: str | None = None,
+) -> None:
     """Run the subcommand on the command line with the functions of the ``peer`` script's
     module, each named after its subcommand and taking its options in order
     (``work``: the database URL, seen file, drain, settings and sleep in milliseconds);
     one that returns a coroutine runs under asyncio. ``version`` prints ``version``;
-    ``report`` prints what ``peer.report`` returns."""
+    ``report`` prints what ``peer.report`` returns or, given ``report_tables``, what
+    :func:`report_from_tables` reads for that system."""
     args = command_line(description)
     if args.command == "version":
         print_json(version)
@@ -150,7 +157,11 @@ def serve(description: str, version: dict[str, object], peer: ModuleType) -> Non
         "work": lambda: peer.work(
             url, args.seen_file, args.drain, settings(args.setting), args.sleep_ms
         ),
-        "report": lambda: peer.report(url, args.latencies),
+        "report": lambda: (
+            report_from_tables(url, report_tables, args.latencies)
+            if report_tables
+            else peer.report(url, args.latencies)
+        ),
     }
     result = calls[args.command]()
     if inspect.iscoroutine(result):
