@@ -263,12 +263,7 @@ def api_command(
     results.record(
         "api",
         environment.describe(
-            target.url,
-            target.server,
-            **{
-                name: environment.package_versions((name,))[name]
-                for name in ("pgqueue-api", "fastapi", "uvicorn", "httpx")
-            },
+            target.url, target.server, "pgqueue-api", "fastapi", "uvicorn", "httpx"
         ),
         parameters={
             "api_workers": args.workers,

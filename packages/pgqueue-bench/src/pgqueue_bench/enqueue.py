@@ -308,12 +308,7 @@ def enqueue_command(
     }
     document = results.document(
         "enqueue",
-        environment=environment.describe(
-            target.url,
-            target.server,
-            **{"pgqueue-api": environment.package_versions(("pgqueue-api",))["pgqueue-api"]},
-            **versions,
-        ),
+        environment=environment.describe(target.url, target.server, "pgqueue-api", **versions),
         parameters=parameters,
         runs=runs,
         summary=summary,

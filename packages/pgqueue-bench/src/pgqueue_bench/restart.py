@@ -369,11 +369,7 @@ def restart_command(
                         )
                     runs.append(run)
                     progress.log(_describe_run(run))
-    block = {
-        "machine": environment.machine(),
-        "postgresql": server_env,
-        "packages": environment.package_versions(),
-    }
+    block = environment.describe_with(server_env)
     parameters = {
         **asdict(scenario),
         "repeats": repeats,

@@ -302,11 +302,7 @@ def document(run: SoakRun, verdict: dict[str, Any]) -> dict[str, Any]:
     }
     return results.document(
         "soak",
-        environment={
-            "machine": environment.machine(),
-            "postgresql": run.server,
-            "packages": environment.package_versions(),
-        },
+        environment=environment.describe_with(run.server),
         parameters=parameters,
         samples=run.samples,
         faults=run.faults,

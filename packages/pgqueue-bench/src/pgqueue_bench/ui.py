@@ -28,7 +28,6 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from typing import Any
 
 import click
@@ -353,9 +352,7 @@ def ui_command(
     }
     document = results.document(
         "ui",
-        environment=environment.describe(
-            target.url, target.server, **{"pgqueue-api": metadata.version("pgqueue-api")}
-        ),
+        environment=environment.describe(target.url, target.server, "pgqueue-api"),
         parameters=parameters,
         runs=[
             {
