@@ -345,15 +345,6 @@ class PrivateServer:
         rows = self.execute("backend_terminate", {"application_name": application_name})
         return int(rows[0]["terminated"])
 
-    def kill_backends(self, application_name: str | None = None) -> list[int]:
-        """SIGKILL client backends. The postmaster answers by resetting every backend
-        and running crash recovery, as it would after a backend segfault."""
-        pids = self.backend_pids(application_name)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return pids
-
     # -- replication --------------------------------------------------------------
 
     def create_standby(self, directory: Path | str | None = None) -> PrivateServer:
