@@ -123,8 +123,5 @@ def report(url: str, latencies: bool) -> dict:
 
 
 if __name__ == "__main__":
-    peerlib.serve(
-        __doc__,
-        {"pgqueue-worker": metadata.version("pgqueue-worker"), "settings": DEFAULT_SETTINGS},
-        sys.modules[__name__],
-    )
+    version = {"pgqueue-worker": metadata.version("pgqueue-worker"), "settings": DEFAULT_SETTINGS}
+    peerlib.serve(__doc__, version)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from datetime import timedelta
 from importlib import metadata
 
@@ -88,9 +87,5 @@ async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep
 
 
 if __name__ == "__main__":
-    peerlib.serve(
-        __doc__,
-        {"pgqueuer": metadata.version("pgqueuer"), "settings": DEFAULT_SETTINGS},
-        sys.modules[__name__],
-        report_tables="pgqueuer",
-    )
+    version = {"pgqueuer": metadata.version("pgqueuer"), "settings": DEFAULT_SETTINGS}
+    peerlib.serve(__doc__, version, report_tables="pgqueuer")

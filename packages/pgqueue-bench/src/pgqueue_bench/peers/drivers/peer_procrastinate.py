@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import sys
 from importlib import metadata
 
 import peerlib
@@ -74,9 +73,5 @@ async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep
 
 
 if __name__ == "__main__":
-    peerlib.serve(
-        __doc__,
-        {"procrastinate": metadata.version("procrastinate"), "settings": DEFAULT_SETTINGS},
-        sys.modules[__name__],
-        report_tables="procrastinate",
-    )
+    version = {"procrastinate": metadata.version("procrastinate"), "settings": DEFAULT_SETTINGS}
+    peerlib.serve(__doc__, version, report_tables="procrastinate")

@@ -39,7 +39,6 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterable
 from functools import cache
 from pathlib import Path
-from types import ModuleType
 
 NOOP_TASK = "bench_noop"
 
@@ -133,18 +132,15 @@ def command_line(description: str, argv: list[str] | None = None) -> argparse.Na
 
 
 def serve(
-    description: str,
-    version: dict[str, object],
-    peer: ModuleType,
-    *,
-    report_tables: str | None = None,
+    description: str, version: dict[str, object], *, report_tables: str | None = None
 ) -> None:
-    """Run the subcommand on the command line with the functions of the ``peer`` script's
-    module, each named after its subcommand and taking its options in order
+    """Run the subcommand on the command line with the functions of the peer script run
+    as ``__main__``, each named after its subcommand and taking its options in order
     (``work``: the database URL, seen file, drain, settings and sleep in milliseconds);
     one that returns a coroutine runs under asyncio. ``version`` prints ``version``;
     ``report`` prints what ``peer.report`` returns or, given ``report_tables``, what
     :func:`report_from_tables` reads for that system."""
+    peer = sys.modules["__main__"]
     args = command_line(description)
     if args.command == "version":
         print_json(version)
