@@ -62,12 +62,7 @@ from typing import Any
 from pgqueue_bench import database, environment, plot, results, server_cpu
 from pgqueue_bench.peers.runs import latency_run, throughput_run
 from pgqueue_bench.peers.summary import print_summary, summarize
-from pgqueue_bench.peers.systems import (
-    UNBOUND_CONCURRENCY_LIMIT,
-    UNBOUND_RATE_LIMIT,
-    pgqueue_variants,
-    systems,
-)
+from pgqueue_bench.peers.systems import described_settings, pgqueue_variants, systems
 from pgqueue_bench.progress import LiveLine
 
 # Jobs per throughput run: no-op jobs drain in a fraction of a second; sleeping ones
@@ -200,13 +195,7 @@ def main(argv: list[str] | None = None) -> None:
                 )
     names = [system.name for system in chosen]
     summary = summarize(runs, names, baseline_name)
-    block = environment.describe(target.url, target.server)
-    block["packages"].update(versions)
-    if sleep_ms:
-        sleep = f"asyncio.sleep({sleep_ms / 1000:g})"
-        handler, peer_handler = f"async handler awaiting {sleep}", f" awaiting {sleep}"
-    else:
-        handler, peer_handler = "sync no-op handler", ""
+    block = environment.describe(target.url, target.server, **versions)
     parameters = {
         "jobs": jobs,
         "sleep_ms": sleep_ms,
@@ -215,25 +204,8 @@ def main(argv: list[str] | None = None) -> None:
         "latency_jobs": latency_jobs,
         "latency_workers": args.latency_workers,
         "rate": args.rate,
-        "systems": {
-            "pgqueue": "pgqueue worker --burst with its defaults and --log-level warning "
-            f"(no log line per job), {handler}, connected before the start barrier "
-            "as every peer is",
-            "procrastinate": f"async task{peer_handler}, run_worker(concurrency=30), "
-            "LISTEN/NOTIFY on, PsycopgConnector (its concurrency how-to)",
-            "pgqueuer": f"async entrypoint{peer_handler} (no concurrency_limit: its default), "
-            "AsyncpgDriver, durable tables, batch_size=10 (its default and its benchmark tool's)",
-            "pgqueuer batch 100": "as pgqueuer, batch_size=100 (its tuning guide: a larger "
-            "batch for short jobs)",
-        },
+        "systems": described_settings(names, sleep_ms),
     }
-    asked_for = {
-        "pgqueue concurrency-limited": "as pgqueue, on a queue whose concurrency_limit is "
-        f"{UNBOUND_CONCURRENCY_LIMIT} (set with Queue.update_queue before the start barrier)",
-        "pgqueue rate-limited": f"as pgqueue, on a queue whose rate_limit is "
-        f"{UNBOUND_RATE_LIMIT:g} jobs/s (set with Queue.update_queue before the start barrier)",
-    }
-    parameters["systems"].update({k: v for k, v in asked_for.items() if k in names})
     if baseline:
         parameters["systems"][baseline_name] = (
             f"as pgqueue, the build of {baseline[0]} in a virtualenv of its own"

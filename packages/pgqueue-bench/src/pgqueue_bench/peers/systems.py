@@ -95,3 +95,32 @@ def pgqueue_variants(baseline: tuple[str, str] | None) -> list[System]:
         label, python = baseline
         variants.append(System(f"pgqueue {label}", "pgqueue", python=python))
     return variants
+
+
+def described_settings(names: list[str], sleep_ms: float) -> dict[str, str]:
+    """What each of the standard systems and of the asked-for ones among ``names`` runs
+    with, for the results file; with ``sleep_ms``, the async handler each one awaits."""
+    if sleep_ms:
+        sleep = f"asyncio.sleep({sleep_ms / 1000:g})"
+        handler, peer_handler = f"async handler awaiting {sleep}", f" awaiting {sleep}"
+    else:
+        handler, peer_handler = "sync no-op handler", ""
+    described = {
+        "pgqueue": "pgqueue worker --burst with its defaults and --log-level warning "
+        f"(no log line per job), {handler}, connected before the start barrier "
+        "as every peer is",
+        "procrastinate": f"async task{peer_handler}, run_worker(concurrency=30), "
+        "LISTEN/NOTIFY on, PsycopgConnector (its concurrency how-to)",
+        "pgqueuer": f"async entrypoint{peer_handler} (no concurrency_limit: its default), "
+        "AsyncpgDriver, durable tables, batch_size=10 (its default and its benchmark tool's)",
+        "pgqueuer batch 100": "as pgqueuer, batch_size=100 (its tuning guide: a larger "
+        "batch for short jobs)",
+    }
+    asked_for = {
+        "pgqueue concurrency-limited": "as pgqueue, on a queue whose concurrency_limit is "
+        f"{UNBOUND_CONCURRENCY_LIMIT} (set with Queue.update_queue before the start barrier)",
+        "pgqueue rate-limited": f"as pgqueue, on a queue whose rate_limit is "
+        f"{UNBOUND_RATE_LIMIT:g} jobs/s (set with Queue.update_queue before the start barrier)",
+    }
+    described.update({name: text for name, text in asked_for.items() if name in names})
+    return described
