@@ -1,7 +1,7 @@
 """The enqueue driver's peers: PgQueuer and procrastinate, each run from a virtualenv of
-its own (``--peer NAME=PYTHON``) through the scripts in ``pgqueue_bench/peers/drivers``, on a fresh
-database; the check of the ``--peer`` options; and the peers' versions, for the
-environment block. Their own processes, so that their dependencies never meet
+its own (``--peer NAME=PYTHON``) through the scripts in :data:`pgqueue_bench.peers.DRIVERS`,
+on a fresh database; the check of the ``--peer`` options; and the peers' versions, for
+the environment block. Their own processes, so that their dependencies never meet
 pgqueue's.
 """
 

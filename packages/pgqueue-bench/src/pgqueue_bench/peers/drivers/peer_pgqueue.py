@@ -10,7 +10,8 @@ the peers are, and run once it opens.
 worker flags but the queue's own settings: each ``work`` process applies them with
 ``Queue.update_queue`` before the start barrier (the same values from every process).
 Nothing else here needs a newer pgqueue than commit 8adbcc3, so the script also runs
-under such an older build installed in another virtualenv (``compare.py --baseline``).
+under such an older build installed in another virtualenv (``python -m pgqueue_bench.peers
+--baseline``).
 """
 
 from __future__ import annotations
