@@ -139,9 +139,9 @@ for _peer, _requirements in PEERS.items():
 
 
 def run_peers(session: nox.Session, *args: str) -> None:
-    """Run bench/peers/compare.py with every peer's Python."""
+    """Run the side-by-side runs (``python -m pgqueue_bench.peers``) with every peer's Python."""
     pythons = [f"--peer={peer}={PEER_PYTHONS[peer]}" for peer in PEERS]
-    session.run("python", "bench/peers/compare.py", *pythons, *args)
+    session.run("python", "-m", "pgqueue_bench.peers", *pythons, *args)
 
 
 @nox.session(python=PYTHON, default=False, requires=[f"peer-{peer}" for peer in PEERS])

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from pgqueue_bench import environment, results
-from pgqueue_bench.servers import Binaries
+from pgqueue_bench.binaries import Binaries
 
 RESULTS_NAME = "faults"
 REPOSITORY_RESULTS = Path(__file__).resolve().parents[2] / "results"

@@ -29,7 +29,8 @@ from typing import Any
 import psycopg
 from polling import wait_for
 
-from pgqueue_bench.servers import LOOPBACK, SUPERUSER, Binaries, free_port
+from pgqueue_bench.binaries import Binaries
+from pgqueue_bench.servers import LOOPBACK, SUPERUSER, free_port
 
 PROGRAMS = ("etcd", "patroni", "patronictl")
 

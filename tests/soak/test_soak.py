@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pgqueue_bench import netns
-from pgqueue_bench.servers import binaries_for
+from pgqueue_bench.binaries import binaries_for
 
 pytestmark = pytest.mark.slow
 

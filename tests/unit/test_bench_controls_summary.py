@@ -4,16 +4,12 @@ the controls driver's summary, and the side-by-side runs' ratios to a baseline b
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
-from pgqueue_bench.controls import most_at_once, summarize
+from pgqueue_bench.controls_summary import most_at_once, summarize
+from pgqueue_bench.peers import summary as peers_summary
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -76,20 +72,6 @@ def test_the_summary_spreads_the_cycles_and_judges_the_limits_by_their_worst_rea
     assert summary["rate_limit"]["ratio_to_limit"] == pytest.approx(1.02)
 
 
-@pytest.fixture(scope="module")
-def peers_summary() -> Iterator[ModuleType]:
-    path = Path(__file__).resolve().parents[2] / "bench" / "peers" / "peers_summary.py"
-    spec = importlib.util.spec_from_file_location("peers_summary", path)
-    module = importlib.util.module_from_spec(spec)
-    # Its dataclasses look their module up by name while it loads.
-    sys.modules[spec.name] = module
-    try:
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        del sys.modules[spec.name]
-
-
 def _run(
     system: str, workers: int, repeat: int, rate: float | None, verified=True, cpu=None
 ) -> dict:
@@ -104,7 +86,7 @@ def _run(
     }
 
 
-def test_ratios_to_the_baseline_pair_runs_of_the_same_repeat(peers_summary: ModuleType):
+def test_ratios_to_the_baseline_pair_runs_of_the_same_repeat():
     base = "pgqueue old"
     runs = [
         _run(base, 1, 1, 100.0),
@@ -132,9 +114,7 @@ def test_ratios_to_the_baseline_pair_runs_of_the_same_repeat(peers_summary: Modu
     assert ratios["2"] == {"pgqueue": {"median": 0.5, "min": 0.5, "max": 0.5, "runs": 1}}
 
 
-def test_the_summary_compares_pgqueue_with_peers_only_and_every_pgqueue_with_the_baseline(
-    peers_summary: ModuleType,
-):
+def test_the_summary_compares_pgqueue_with_peers_only_and_every_pgqueue_with_the_baseline():
     names = ["pgqueue", "pgqueuer", "pgqueue concurrency-limited", "pgqueue old"]
     runs = [
         _run("pgqueue", 1, 1, 100.0),
@@ -152,9 +132,7 @@ def test_the_summary_compares_pgqueue_with_peers_only_and_every_pgqueue_with_the
     assert "vs_baseline" not in peers_summary.summarize(runs, names)
 
 
-def test_cpu_per_job_is_summarised_and_paired_with_the_baseline_where_measured(
-    peers_summary: ModuleType,
-):
+def test_cpu_per_job_is_summarised_and_paired_with_the_baseline_where_measured():
     names = ["pgqueue", "pgqueue old"]
     runs = [
         _run("pgqueue old", 1, 1, 100.0, cpu=50.0),

@@ -6,7 +6,6 @@ run's schema; requests reach it over TCP like anyone else's.
 
 from __future__ import annotations
 
-import signal
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from pgqueue_bench.processes import stop_processes
 from pgqueue_bench.servers import LOOPBACK, free_port
 
 API = str(Path(sys.executable).parent / "pgqueue-api")
@@ -93,9 +93,4 @@ def api_server(
                 time.sleep(0.1)
             yield RunningApi(port=port, pid=process.pid)
         finally:
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            stop_processes([process], STOP_TIMEOUT)

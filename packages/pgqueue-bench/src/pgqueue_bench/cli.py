@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from pgqueue_bench.api_load import api_command
 from pgqueue_bench.controls import controls_command
 from pgqueue_bench.crash import crash_command
 from pgqueue_bench.enqueue import enqueue_command
@@ -29,6 +30,7 @@ bench.add_command(controls_command)
 bench.add_command(restart_command)
 bench.add_command(scale_command)
 bench.add_command(enqueue_command)
+bench.add_command(api_command)
 bench.add_command(ui_command)
 bench.add_command(soak_command)
 bench.add_command(plot_command)

@@ -19,13 +19,14 @@ starts, stamps that start on the database clock; the jobs table (through
   once, sampled every 10 ms from the queue's counts and computed from each job's
   handler start to its finish (a job claimed ahead of a free slot counts as running).
 - **Rate limit**: 20 jobs/s with 2 workers; handler starts in the 10 s from the first.
+
+The summary of the runs is :mod:`pgqueue_bench.controls_summary`'s.
 """
 
 from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -38,7 +39,9 @@ from psycopg.rows import dict_row
 
 from pgqueue import JobSpec, Queue
 from pgqueue_bench import database, environment, handlers, observe, results
+from pgqueue_bench.controls_summary import most_at_once, summarize
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.queries import one_row, statement, statement_in
 
@@ -202,21 +205,6 @@ def run_pause_resume(
     return cycles
 
 
-def most_at_once(intervals: Iterable[tuple[datetime, datetime | None]]) -> int:
-    """The most intervals open at one instant; one without an end is open from its
-    start on. An end and a start at the same instant do not overlap."""
-    edges = []
-    for started, ended in intervals:
-        edges.append((started, 1))
-        if ended is not None:
-            edges.append((ended, -1))
-    most = now = 0
-    for _, step in sorted(edges, key=lambda edge: (edge[0], edge[1])):
-        now += step
-        most = max(most, now)
-    return most
-
-
 def run_concurrency_limit(
     url: str, scenario: ControlsScenario, *, log_dir: Path, progress: LiveLine
 ) -> dict[str, Any]:
@@ -326,39 +314,6 @@ def run_rate_limit(
     }
 
 
-def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The spread over the pause/resume cycles of each figure, and the limits' runs."""
-    cycles = [run for run in runs if run["scenario"] == "pause_resume"]
-    summary: dict[str, Any] = {
-        name: results.spread(cycle[name] for cycle in cycles)
-        for name in (
-            "pause_to_quiet_ms",
-            "resume_to_first_start_ms",
-            "starts_after_pause",
-            "pause_command_ms",
-            "resume_command_ms",
-        )
-    }
-    for run in runs:
-        if run["scenario"] == "concurrency_limit":
-            summary["concurrency_limit"] = {
-                "limit": run["limit"],
-                "most_running": max(run["most_running_sampled"], run["most_running_from_jobs"]),
-                "held": max(run["most_running_sampled"], run["most_running_from_jobs"])
-                <= run["limit"],
-                "jobs_per_second": run["jobs_per_second"],
-            }
-        elif run["scenario"] == "rate_limit":
-            summary["rate_limit"] = {
-                "limit": run["rate_limit"],
-                "window_seconds": run["window_seconds"],
-                "starts": run["starts"],
-                "expected_starts": run["expected_starts"],
-                "ratio_to_limit": run["ratio_to_limit"],
-            }
-    return summary
-
-
 def _describe_cycle(cycle: dict[str, Any]) -> str:
     return (
         f"cycle {cycle['cycle']}: quiet {cycle['pause_to_quiet_ms']:.1f} ms after the pause "
@@ -378,8 +333,8 @@ def _describe_cycle(cycle: dict[str, Any]) -> str:
     "--concurrency", type=click.IntRange(1), default=4, show_default=True, help="Slots per worker."
 )
 @click.option("--quick", is_flag=True, help="3 cycles, 30 limited jobs, a 3 s rate window.")
-@click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@database_url_option
+@results_dir_option
 def controls_command(
     cycles: int,
     workers: int,
@@ -409,18 +364,14 @@ def controls_command(
         progress.clear()
     summary = summarize(runs)
     parameters = {**asdict(scenario), "worker": scenario.worker_settings().arguments()}
-    path = results.write(
+    results.record(
         "controls",
-        results.document(
-            "controls",
-            environment=environment.describe(target.url, target.server),
-            parameters=parameters,
-            runs=runs,
-            summary=summary,
-        ),
-        results_dir,
+        environment.describe(target.url, target.server),
+        parameters=parameters,
+        runs=runs,
+        summary=summary,
+        directory=results_dir,
     )
-    click.echo(f"wrote {path}")
     for name in ("pause_to_quiet_ms", "resume_to_first_start_ms"):
         figure = summary[name]
         click.echo(

@@ -30,6 +30,7 @@ from psycopg.rows import dict_row
 from pgqueue import BatchItem, JobSpec, Queue
 from pgqueue_bench import database, environment, handlers, observe, results
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.queries import one_row, schema_statement
 
@@ -250,8 +251,8 @@ def _describe_run(run: dict[str, Any]) -> str:
     help="Jobs in groups of ten that wait for each other: also check that no dependent "
     "ran before its dependencies succeeded.",
 )
-@click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@database_url_option
+@results_dir_option
 def crash_command(
     jobs: int,
     workers: int,
@@ -295,18 +296,14 @@ def crash_command(
             progress.log(f"run {repeat + 1}: {_describe_run(run)}")
     summary = summarize_runs(runs)
     parameters = {**asdict(scenario), "repeats": repeats, "kills": kills}
-    path = results.write(
+    results.record(
         "crash",
-        results.document(
-            "crash",
-            environment=environment.describe(target.url, target.server),
-            parameters=parameters,
-            runs=runs,
-            summary=summary,
-        ),
-        results_dir,
+        environment.describe(target.url, target.server),
+        parameters=parameters,
+        runs=runs,
+        summary=summary,
+        directory=results_dir,
     )
-    click.echo(f"wrote {path}")
     if not summary["every_job_succeeded_in_every_run"]:
         raise click.ClickException("some jobs did not succeed: see the runs above")
     if not summary["every_dependency_kept_in_every_run"]:

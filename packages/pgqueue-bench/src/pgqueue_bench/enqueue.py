@@ -20,7 +20,7 @@ fresh database:
   of ``--http-batch-size`` jobs (``http-batch``);
 - the peers, each from its own virtualenv (``--peer NAME=PYTHON``, as ``nox -s enqueue``
   passes): PgQueuer's ``Queries.enqueue`` and procrastinate's ``defer_async``, one job
-  per call and ``--batch-size`` per call (``bench/peers/enqueue_*.py``).
+  per call and ``--batch-size`` per call (``pgqueue_bench/peers/drivers/enqueue_*.py``).
 
 Rates are jobs over the client's wall-clock time, from the moment every producer has
 warmed up to the moment the last one's last call returned. A run counts only when the
@@ -48,7 +48,6 @@ import os
 import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 import click
@@ -57,13 +56,14 @@ from pgqueue_bench import database, environment, results
 from pgqueue_bench.enqueue_http import http_case, wrk_version
 from pgqueue_bench.enqueue_peers import PEERS, peer_case, peer_pythons, peer_versions
 from pgqueue_bench.enqueue_producers import queue_case, raw_case
-from pgqueue_bench.enqueue_settings import DEFAULT_PEERS_DIR, Settings, Tools
+from pgqueue_bench.enqueue_settings import Settings, Tools
 from pgqueue_bench.enqueue_summary import (
     describe_bound,
     describe_ratio,
     describe_run,
     summarize,
 )
+from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.progress import LiveLine
 
 
@@ -230,15 +230,8 @@ def skip_reasons(cases: Sequence[str], tools: Tools) -> dict[str, str]:
     metavar="NAME=PYTHON",
     help="The Python of a peer's virtualenv (pgqueuer, procrastinate); repeatable.",
 )
-@click.option(
-    "--peers-dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_PEERS_DIR,
-    show_default=True,
-    help="Where the peer scripts are (the repository's bench/peers).",
-)
-@click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@database_url_option
+@results_dir_option
 @click.option(
     "--results-name",
     default="enqueue",
@@ -256,7 +249,6 @@ def enqueue_command(
     api_workers: int,
     cases: tuple[str, ...],
     peers: tuple[str, ...],
-    peers_dir: Path,
     database_url: str | None,
     results_dir: str | None,
     results_name: str,
@@ -273,11 +265,7 @@ def enqueue_command(
         http_batch_size=http_batch_size,
         api_workers=api_workers,
     )
-    tools = Tools(
-        wrk=shutil.which("wrk"),
-        peers_dir=peers_dir.absolute(),
-        peer_pythons=peer_pythons(peers, peers_dir),
-    )
+    tools = Tools(wrk=shutil.which("wrk"), peer_pythons=peer_pythons(peers))
     # Asked first: a peer's environment that cannot even say its version fails here,
     # before minutes of measuring.
     versions = {"wrk": wrk_version(tools.wrk), **peer_versions(tools)}
@@ -320,12 +308,7 @@ def enqueue_command(
     }
     document = results.document(
         "enqueue",
-        environment=environment.describe(
-            target.url,
-            target.server,
-            **{"pgqueue-api": environment.package_versions(("pgqueue-api",))["pgqueue-api"]},
-            **versions,
-        ),
+        environment=environment.describe(target.url, target.server, "pgqueue-api", **versions),
         parameters=parameters,
         runs=runs,
         summary=summary,

@@ -1,7 +1,7 @@
 """The enqueue driver's peers: PgQueuer and procrastinate, each run from a virtualenv of
-its own (``--peer NAME=PYTHON``) through the scripts in ``bench/peers``, on a fresh
-database; the check of the ``--peer`` options; and the peers' versions, for the
-environment block. Their own processes, so that their dependencies never meet
+its own (``--peer NAME=PYTHON``) through the scripts in :data:`pgqueue_bench.peers.DRIVERS`,
+on a fresh database; the check of the ``--peer`` options; and the peers' versions, for
+the environment block. Their own processes, so that their dependencies never meet
 pgqueue's.
 """
 
@@ -20,6 +20,7 @@ from psycopg import sql
 from pgqueue_bench import database
 from pgqueue_bench.enqueue_outcome import Timing, count_rows, outcome
 from pgqueue_bench.enqueue_settings import CASE_OVERHEAD_TIMEOUT, SCHEMA_PREFIX, Settings, Tools
+from pgqueue_bench.peers import DRIVERS
 
 PEERS = ("pgqueuer", "procrastinate")
 # Where each peer keeps a job it has not run yet: the rows to count.
@@ -51,12 +52,12 @@ def peer_case(
     timeout = settings.warmup + settings.seconds + CASE_OVERHEAD_TIMEOUT
     with database.fresh_database(url, f"{SCHEMA_PREFIX}_{peer}") as peer_url:
         _run_peer_script(
-            python, tools.peers_dir / f"peer_{peer}.py", "setup", "--database-url", peer_url,
+            python, DRIVERS / f"peer_{peer}.py", "setup", "--database-url", peer_url,
             timeout=timeout,
         )  # fmt: skip
         printed = _run_peer_script(
             python,
-            tools.peers_dir / f"enqueue_{peer}.py",
+            DRIVERS / f"enqueue_{peer}.py",
             "--database-url", peer_url,
             "--batch-size", str(batch),
             "--seconds", str(settings.seconds),
@@ -67,10 +68,9 @@ def peer_case(
         return outcome(timing, count_rows(peer_url, sql.Identifier(PEER_TABLES[peer])))
 
 
-def peer_pythons(pairs: Sequence[str], peers_dir: Path) -> dict[str, str]:
+def peer_pythons(pairs: Sequence[str]) -> dict[str, str]:
     """The Python of each ``--peer NAME=PYTHON``, by peer, made absolute. An unknown
-    peer, a Python that is not executable or a ``peers_dir`` without the peer scripts
-    is a usage error."""
+    peer or a Python that is not executable is a usage error."""
     pythons = {}
     for pair in pairs:
         name, sep, python = pair.partition("=")
@@ -83,11 +83,6 @@ def peer_pythons(pairs: Sequence[str], peers_dir: Path) -> dict[str, str]:
         pythons[name] = os.path.abspath(python)
         if not os.access(pythons[name], os.X_OK):
             raise click.BadParameter(f"{python} is not an executable Python", param_hint="--peer")
-    if pythons and not (peers_dir / "enqueue_pgqueuer.py").exists():
-        raise click.BadParameter(
-            f"{peers_dir} has no peer scripts: run from the repository's root or give --peers-dir",
-            param_hint="--peers-dir",
-        )
     return pythons
 
 
@@ -96,7 +91,7 @@ def peer_versions(tools: Tools) -> dict[str, str | None]:
     versions: dict[str, str | None] = {}
     for peer, python in tools.peer_pythons.items():
         printed = _run_peer_script(
-            python, tools.peers_dir / f"peer_{peer}.py", "version", timeout=CASE_OVERHEAD_TIMEOUT
+            python, DRIVERS / f"peer_{peer}.py", "version", timeout=CASE_OVERHEAD_TIMEOUT
         )
         versions[peer] = json.loads(printed.strip().splitlines()[-1])[peer]
     return versions

@@ -9,7 +9,6 @@ these, and the command imports them all.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pgqueue_bench import handlers
 
@@ -17,7 +16,6 @@ QUEUE_NAME = "bench_enqueue"
 TASK = handlers.NOOP_TASK
 SCHEMA_PREFIX = "bench_enqueue"
 STATEMENTS = "enqueue.sql"
-DEFAULT_PEERS_DIR = Path("bench/peers")
 # On top of a case's own time: connecting, starting the API, a peer's interpreter.
 CASE_OVERHEAD_TIMEOUT = 180.0
 
@@ -48,5 +46,4 @@ class Tools:
     """What the optional cases need, found once per run."""
 
     wrk: str | None = None
-    peers_dir: Path = DEFAULT_PEERS_DIR
     peer_pythons: dict[str, str] = field(default_factory=dict)

@@ -103,15 +103,21 @@ def postgresql(database_url: str, server: str) -> dict[str, Any]:
     }
 
 
-def describe(database_url: str, server: str, **extra_packages: str | None) -> dict[str, Any]:
-    """The whole environment block: machine, PostgreSQL and package versions.
+def describe(
+    database_url: str, server: str, *also_installed: str, **measured_elsewhere: str | None
+) -> dict[str, Any]:
+    """The whole environment block: machine, PostgreSQL and package versions (see
+    :func:`describe_with`)."""
+    return describe_with(postgresql(database_url, server), *also_installed, **measured_elsewhere)
 
-    ``extra_packages`` adds versions measured elsewhere (a peer queue installed in a
-    virtualenv of its own, say)."""
-    packages = package_versions()
-    packages.update(extra_packages)
-    return {
-        "machine": machine(),
-        "postgresql": postgresql(database_url, server),
-        "packages": packages,
-    }
+
+def describe_with(
+    server: dict[str, Any], *also_installed: str, **measured_elsewhere: str | None
+) -> dict[str, Any]:
+    """The environment block of a run on the server that ``server`` describes (see
+    :func:`postgresql`): the machine, the server, and the versions of :data:`PACKAGES`
+    and ``also_installed`` here, then of ``measured_elsewhere``, versions found in
+    another virtualenv (a peer queue's, say)."""
+    packages = package_versions((*PACKAGES, *also_installed))
+    packages.update(measured_elsewhere)
+    return {"machine": machine(), "postgresql": server, "packages": packages}

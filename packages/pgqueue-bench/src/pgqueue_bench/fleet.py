@@ -8,13 +8,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pgqueue_bench import handlers
 from pgqueue_bench.observe import wait_for
+from pgqueue_bench.processes import stop_processes
 
 HANDLERS_SPEC = "pgqueue_bench.handlers:HANDLERS"
 
@@ -200,15 +200,7 @@ class WorkerFleet:
         """SIGTERM every running worker, wait for them (SIGKILL after the stop
         timeout), and return their exit codes."""
         running = self.running()
-        for process in running:
-            with contextlib.suppress(ProcessLookupError):
-                process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_timeout
-        for process in running:
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                self.kill(process)
+        stop_processes(running, self.stop_timeout)
         return [p.returncode for p in running]
 
     def log_tail(self, lines: int = 20) -> str:

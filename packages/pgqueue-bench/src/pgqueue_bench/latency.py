@@ -22,6 +22,7 @@ import click
 from pgqueue import JobSpec, Queue
 from pgqueue_bench import database, environment, handlers, observe, results
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.progress import LiveLine
 
 QUEUE_NAME = "bench_latency"
@@ -195,8 +196,8 @@ def _describe_run(run: dict[str, Any]) -> str:
 )
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--quick", is_flag=True, help="300 jobs, one run per mode.")
-@click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@database_url_option
+@results_dir_option
 def latency_command(
     rate: float,
     jobs: int,
@@ -233,15 +234,11 @@ def latency_command(
         "repeats": repeats,
         "modes": {mode: scenario.worker_settings(mode).arguments() for mode in (modes or MODES)},
     }
-    path = results.write(
+    results.record(
         "latency",
-        results.document(
-            "latency",
-            environment=environment.describe(target.url, target.server),
-            parameters=parameters,
-            runs=runs,
-            summary=summarize_runs(runs),
-        ),
-        results_dir,
+        environment.describe(target.url, target.server),
+        parameters=parameters,
+        runs=runs,
+        summary=summarize_runs(runs),
+        directory=results_dir,
     )
-    click.echo(f"wrote {path}")

@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pgqueue_bench.processes import stop_processes
+
 TOOLS = ("unshare", "nsenter", "ip")
 
 
@@ -113,13 +115,7 @@ class IsolatedNetwork:
         self._link("up")
 
     def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_processes([self.process], 10)
         for stream in (self.process.stdout, self.process.stderr):
             if stream is not None:
                 stream.close()

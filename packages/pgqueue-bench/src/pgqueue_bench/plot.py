@@ -1,7 +1,9 @@
 """PNG charts of the results files, drawn with matplotlib's Agg backend (no display).
 
 Each chart shows the median of the runs, with a bar from the fastest to the slowest
-run, and names the machine it ran on.
+run, and names the machine it ran on. The scale and soak drivers' charts
+(:mod:`~pgqueue_bench.plot_scale`, :mod:`~pgqueue_bench.plot_soak`) are drawn and saved
+through :func:`subplots` and :func:`save` here.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from pgqueue_bench import results
+from pgqueue_bench.options import results_dir_option
 
 
 def machine_note(document: dict[str, Any]) -> str:
@@ -51,9 +54,24 @@ def _draw_lines(axes: Axes, series: dict[str, dict[float, list[float]]]) -> None
         axes.errorbar(xs, medians, yerr=[lows, highs], marker="o", capsize=3, label=label)
 
 
-def _save(figure: Figure, path: Path) -> Path:
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
+def subplots(*args: Any, **kwargs: Any) -> Any:
+    """A new figure and its axes, as :func:`matplotlib.pyplot.subplots` makes them, on
+    the Agg backend chosen here."""
+    return plt.subplots(*args, **kwargs)
+
+
+def save(
+    figure: Figure,
+    path: Path,
+    *,
+    dpi: int = 110,
+    rect: tuple[float, float, float, float] | None = None,
+) -> Path:
+    """Lay ``figure`` out (within ``rect`` of it, if given), write it to ``path`` as a
+    PNG of ``dpi`` and close it."""
+    figure.tight_layout(rect=rect)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=dpi)
     plt.close(figure)
     return path
 
@@ -75,7 +93,7 @@ def plot_throughput(document: dict[str, Any], folder: Path) -> list[Path]:
     )
     axes.grid(True, alpha=0.3)
     axes.legend()
-    return [_save(figure, folder / "throughput.png")]
+    return [save(figure, folder / "throughput.png")]
 
 
 def plot_latency(document: dict[str, Any], folder: Path) -> list[Path]:
@@ -110,7 +128,7 @@ def _bars(groups: dict[str, dict[str, list[float]]], path: Path, title: str) -> 
     axes.set_title(title, fontsize=10)
     axes.grid(True, axis="y", alpha=0.3)
     axes.legend()
-    return _save(figure, path)
+    return save(figure, path)
 
 
 def plot_peers(document: dict[str, Any], folder: Path) -> list[Path]:
@@ -130,7 +148,7 @@ def plot_peers(document: dict[str, Any], folder: Path) -> list[Path]:
     )
     axes.grid(True, alpha=0.3)
     axes.legend()
-    paths = [_save(figure, folder / "peers.png")]
+    paths = [save(figure, folder / "peers.png")]
     latency: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for run in document["runs"]:
         if run["scenario"] == "latency" and run["verified"]:
@@ -163,7 +181,7 @@ def plot_all(directory: Path | str | None = None) -> list[Path]:
 
 
 @click.command("plot")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@results_dir_option
 def plot_command(results_dir: str | None) -> None:
     """Draw PNG charts from the JSON results (throughput, latency, peers)."""
     paths = plot_all(results_dir)

@@ -30,10 +30,12 @@ from psycopg.rows import dict_row
 
 from pgqueue import DatabaseUnavailable
 from pgqueue_bench import database, environment, handlers, observe, results
+from pgqueue_bench.binaries import binaries_for
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.options import results_dir_option
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.queries import one_row, statement
-from pgqueue_bench.servers import PrivateServer, ShutdownMode, binaries_for
+from pgqueue_bench.servers import PrivateServer, ShutdownMode
 
 QUEUE_NAME = "bench_restart"
 RESTART_MODES: tuple[ShutdownMode, ...] = ("fast", "immediate")
@@ -311,7 +313,7 @@ def _describe_run(run: dict[str, Any]) -> str:
 @click.option("--repeats", type=click.IntRange(1), default=1, show_default=True)
 @click.option("--quick", is_flag=True, help="200 jobs.")
 @click.option("--database-url", envvar="DATABASE_URL", help="Only with --restart-cmd.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@results_dir_option
 def restart_command(
     jobs: int,
     workers: int,
@@ -367,24 +369,20 @@ def restart_command(
                         )
                     runs.append(run)
                     progress.log(_describe_run(run))
-    block = {
-        "machine": environment.machine(),
-        "postgresql": server_env,
-        "packages": environment.package_versions(),
-    }
+    block = environment.describe_with(server_env)
     parameters = {
         **asdict(scenario),
         "repeats": repeats,
         "restart": "--restart-cmd" if restart_cmd else "pg_ctl restart on a private cluster",
     }
     summary = summarize_runs(runs)
-    path = results.write(
+    results.record(
         "restart",
-        results.document(
-            "restart", environment=block, parameters=parameters, runs=runs, summary=summary
-        ),
-        results_dir,
+        block,
+        parameters=parameters,
+        runs=runs,
+        summary=summary,
+        directory=results_dir,
     )
-    click.echo(f"wrote {path}")
     if not summary["every_job_succeeded_in_every_run"]:
         raise click.ClickException("some jobs did not succeed: see the runs above")

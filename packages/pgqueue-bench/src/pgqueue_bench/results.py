@@ -17,6 +17,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import click
+
 DEFAULT_RESULTS_DIR = Path("results")
 
 
@@ -55,6 +57,31 @@ def document(
         "parameters": parameters,
         **measured,
     }
+
+
+def record(
+    name: str,
+    environment: dict[str, Any],
+    *,
+    parameters: dict[str, Any],
+    runs: list[dict[str, Any]],
+    summary: dict[str, Any],
+    directory: Path | str | None = None,
+    benchmark: str | None = None,
+) -> Path:
+    """Write the document of a driver's ``runs`` and their ``summary`` (its benchmark
+    ``benchmark``, else ``name``) to ``<results dir>/<name>.json``, say where, and
+    return the path."""
+    content = document(
+        benchmark or name,
+        environment=environment,
+        parameters=parameters,
+        runs=runs,
+        summary=summary,
+    )
+    path = write(name, content, directory)
+    click.echo(f"wrote {path}")
+    return path
 
 
 def write(name: str, content: dict[str, Any], directory: Path | str | None = None) -> Path:

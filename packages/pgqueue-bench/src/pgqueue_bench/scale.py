@@ -58,7 +58,7 @@ sizes, server settings and targets), :mod:`~pgqueue_bench.scale_statements`
 (the claiming processes), :mod:`~pgqueue_bench.server_cpu` (the server's CPU clock),
 :mod:`~pgqueue_bench.scale_measure`
 (a drain, the scrapes and the prune on one schema), :mod:`~pgqueue_bench.scale_soak`,
-:mod:`~pgqueue_bench.scale_summary` and :mod:`~pgqueue_bench.scale_plot`. This module
+:mod:`~pgqueue_bench.scale_summary` and :mod:`~pgqueue_bench.plot_scale`. This module
 runs the history sizes and holds the command.
 """
 
@@ -73,10 +73,12 @@ import click
 
 from pgqueue import migrate
 from pgqueue_bench import database, environment, results
+from pgqueue_bench.binaries import binaries_for
+from pgqueue_bench.options import results_dir_option
+from pgqueue_bench.plot_scale import plot_scale
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.scale_history import HistoryWindow, load_history, relation_sizes
 from pgqueue_bench.scale_measure import measure_drain, measure_prune, measure_scrapes
-from pgqueue_bench.scale_plot import plot_scale
 from pgqueue_bench.scale_scenario import (
     HISTORY_DAYS,
     METRICS_BUDGET_MS,
@@ -90,7 +92,7 @@ from pgqueue_bench.scale_scenario import (
 from pgqueue_bench.scale_soak import run_soak
 from pgqueue_bench.scale_summary import summarize_sizes
 from pgqueue_bench.server_cpu import ServerCpu, postgres_cpu_seconds
-from pgqueue_bench.servers import PrivateServer, binaries_for
+from pgqueue_bench.servers import PrivateServer
 
 # -- the history sizes ------------------------------------------------------------------
 
@@ -248,7 +250,7 @@ def _sizes(text: str) -> tuple[int, ...]:
     metavar="NAME=VALUE",
     help="A setting of the private cluster, e.g. shared_buffers=2GB (repeatable).",
 )
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@results_dir_option
 @click.option("--results-name", default="scale", show_default=True)
 def scale_command(
     sizes: str,

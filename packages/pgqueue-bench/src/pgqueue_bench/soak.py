@@ -30,16 +30,11 @@ import click
 import httpx
 
 from pgqueue import DatabaseUnavailable, Queue, migrate
-from pgqueue_bench import audit, environment, netns, results, soak_plot, soak_samples, soak_verdict
+from pgqueue_bench import audit, environment, netns, plot_soak, results, soak_samples, soak_verdict
 from pgqueue_bench.apiserver import api_server
+from pgqueue_bench.binaries import binaries_for
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
-from pgqueue_bench.servers import (
-    LOOPBACK,
-    SUPERUSER,
-    PrivateServer,
-    binaries_for,
-    quiet_pool_logs,
-)
+from pgqueue_bench.servers import LOOPBACK, SUPERUSER, PrivateServer, quiet_pool_logs
 from pgqueue_bench.soak_chaos import Chaos
 from pgqueue_bench.soak_evidence import collect_evidence
 from pgqueue_bench.soak_samples import Sampler
@@ -307,11 +302,7 @@ def document(run: SoakRun, verdict: dict[str, Any]) -> dict[str, Any]:
     }
     return results.document(
         "soak",
-        environment={
-            "machine": environment.machine(),
-            "postgresql": run.server,
-            "packages": environment.package_versions(),
-        },
+        environment=environment.describe_with(run.server),
         parameters=parameters,
         samples=run.samples,
         faults=run.faults,
@@ -383,7 +374,7 @@ def soak_command(
     content = document(run, verdict)
     path = results.write_to(output, content)
     click.echo(f"wrote {path}")
-    click.echo(f"wrote {soak_plot.plot_soak(content, plot_path)}")
+    click.echo(f"wrote {plot_soak.plot_soak(content, plot_path)}")
     for item in verdict["items"]:
         click.echo(soak_verdict.describe(item))
     if not verdict["passed"]:

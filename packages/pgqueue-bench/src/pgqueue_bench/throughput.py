@@ -40,9 +40,11 @@ import psycopg
 
 from pgqueue import Job, JobSpec, JobState, Queue
 from pgqueue_bench import database, environment, handlers, observe, results
+from pgqueue_bench.binaries import binaries_for
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.progress import LiveLine
-from pgqueue_bench.servers import PrivateServer, binaries_for
+from pgqueue_bench.servers import PrivateServer
 
 QUEUE_NAME = "bench_throughput"
 BASELINE_MODE = "skip-locked"
@@ -252,8 +254,8 @@ def _private_target(like_url: str | None) -> database.Target:
     is_flag=True,
     help="Run on a private cluster of the same PostgreSQL version with max_connections 500.",
 )
-@click.option("--database-url", envvar="DATABASE_URL", help="Default: the embedded PostgreSQL.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@database_url_option
+@results_dir_option
 @click.option(
     "--results-name",
     default="throughput",
@@ -314,17 +316,14 @@ def throughput_command(
         "worker_log_arguments": list(WORKER_LOG_ARGUMENTS),
         "rate": "jobs / (last finished_at - first started_at), database clock",
     }
-    path = results.write(
+    results.record(
         results_name,
-        results.document(
-            "throughput",
-            environment=environment.describe(target.url, target.server),
-            parameters=parameters,
-            runs=runs,
-            summary=summary,
-        ),
-        results_dir,
+        environment.describe(target.url, target.server),
+        parameters=parameters,
+        runs=runs,
+        summary=summary,
+        directory=results_dir,
+        benchmark="throughput",
     )
-    click.echo(f"wrote {path}")
     if any(not run["verified"] for run in runs):
         raise click.ClickException("some runs were not verified: see above")

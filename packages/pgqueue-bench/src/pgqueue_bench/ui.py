@@ -28,7 +28,6 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass
-from importlib import metadata
 from typing import Any
 
 import click
@@ -39,6 +38,7 @@ from pgqueue.schedules import Schedule
 from pgqueue_bench import database, environment, handlers, results
 from pgqueue_bench.apiserver import api_process
 from pgqueue_bench.latency import percentiles
+from pgqueue_bench.options import results_dir_option
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.scale import private_target
 from pgqueue_bench.scale_history import HistoryWindow, load_history
@@ -292,7 +292,7 @@ def _last_hour(url: str, schema: str) -> dict[str, Any]:
     help="Timed requests per page.",
 )
 @click.option("--database-url", help="Run on this server instead of a private cluster.")
-@click.option("--results-dir", type=click.Path(file_okay=False), help="Default: ./results.")
+@results_dir_option
 @click.option("--results-name", default="ui", show_default=True)
 def ui_command(
     finished: int,
@@ -353,9 +353,7 @@ def ui_command(
     }
     document = results.document(
         "ui",
-        environment=environment.describe(
-            target.url, target.server, **{"pgqueue-api": metadata.version("pgqueue-api")}
-        ),
+        environment=environment.describe(target.url, target.server, "pgqueue-api"),
         parameters=parameters,
         runs=[
             {

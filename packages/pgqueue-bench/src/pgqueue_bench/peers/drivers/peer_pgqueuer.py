@@ -17,7 +17,6 @@ from importlib import metadata
 
 import asyncpg
 import peerlib
-import psycopg
 from pgqueuer import PgQueuer
 from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
@@ -87,45 +86,6 @@ async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep
             await connection.close()
 
 
-def report(url: str, latencies: bool) -> dict:
-    with psycopg.connect(url) as conn:
-        row = conn.execute(peerlib.queries()["pgqueuer_report"]).fetchone()
-        out = dict(
-            zip(
-                ("completed", "left_in_queue", "most_starts_of_one_job", "seconds"),
-                row,
-                strict=True,
-            )
-        )
-        if latencies:
-            rows = conn.execute(peerlib.queries()["pgqueuer_latencies"]).fetchall()
-            out["latencies_ms"] = [value for (value,) in rows]
-    return out
-
-
-def main() -> None:
-    args = peerlib.command_line(__doc__)
-    if args.command == "version":
-        peerlib.print_json({"pgqueuer": metadata.version("pgqueuer"), "settings": DEFAULT_SETTINGS})
-    elif args.command == "setup":
-        asyncio.run(setup(args.database_url))
-    elif args.command == "enqueue":
-        asyncio.run(enqueue(args.database_url, args.jobs))
-    elif args.command == "produce":
-        asyncio.run(produce(args.database_url, args.jobs, args.rate))
-    elif args.command == "work":
-        asyncio.run(
-            work(
-                args.database_url,
-                args.seen_file,
-                args.drain,
-                peerlib.settings(args.setting),
-                args.sleep_ms,
-            )
-        )
-    elif args.command == "report":
-        peerlib.print_json(report(args.database_url, args.latencies))
-
-
 if __name__ == "__main__":
-    main()
+    version = {"pgqueuer": metadata.version("pgqueuer"), "settings": DEFAULT_SETTINGS}
+    peerlib.serve(__doc__, version, report_tables="pgqueuer")

@@ -1,4 +1,4 @@
-"""The summary of a ``compare.py`` run: the spread of every figure per system and
+"""The summary of a side-by-side run: the spread of every figure per system and
 worker count, pgqueue against the fastest peer, and with a baseline build, each pgqueue
 system against it, paired within each repeat. Pure functions of the runs, so they are
 tested without running any system.
@@ -58,7 +58,7 @@ def summarize(
             if not is_pgqueue(name) and workers in throughput[name]
         }
         if peers and spread["median"]:
-            fastest = max(peers, key=peers.get)
+            fastest = max(peers, key=lambda name: peers[name])
             ratios[workers] = {
                 "pgqueue": spread["median"],
                 "fastest_peer": fastest,

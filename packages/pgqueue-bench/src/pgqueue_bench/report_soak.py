@@ -7,6 +7,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any
 
+from pgqueue_bench.report_tables import table
+
 ITEM_TITLES = {
     "lost": "acknowledged jobs lost",
     "completed_twice": "jobs completed twice",
@@ -82,9 +84,7 @@ def soak_section(document: dict[str, Any]) -> list[str]:
         f"fault every {low:g}-{high:g} s: {_faults_line(document['faults'], verdict['recoveries'])}. "
         f"Verdict: **{'passed' if verdict['passed'] else 'failed'}** ({verdict['bounds']['note']}).",
         "",
-        "| check | measured | bound | verdict |",
-        "| --- | --- | --- | --- |",
-        *("| " + " | ".join(row) + " |" for row in rows),
+        *table(["check", "measured", "bound", "verdict"], rows),
         "",
         f"{figures['acknowledged_enqueues']:,} acknowledged enqueues ({outcomes}), "
         f"{figures['schedule_ticks']:,} schedule ticks; {figures['handler_runs']:,} handler runs "

@@ -12,26 +12,42 @@ Every request is checked (201, and the job count in the database must match what
 acknowledged), so a fast wrong answer cannot pass for a fast answer. Results go to
 ``results/api.json`` with the machine, PostgreSQL and package versions.
 
-    python bench/api_load.py                      # DATABASE_URL, else the embedded server
-    python bench/api_load.py --seconds 5 --runs 1 # a quick look
+    pgqueue bench api                      # DATABASE_URL, else the embedded server
+    pgqueue bench api --seconds 5 --runs 1 # a quick look
+
+``pgqueue bench enqueue`` drives the same endpoints with wrk for the most jobs per
+second; this measures each request's latency from clients of its own.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+import click
 import httpx
 
 from pgqueue_bench import database, environment, results
 from pgqueue_bench.apiserver import api_process
+from pgqueue_bench.options import database_url_option, results_dir_option
 
 JSON = {"content-type": "application/json"}
+
+
+@dataclass(frozen=True)
+class Load:
+    """The shape of every run: API workers, clients, batch size, phase length."""
+
+    workers: int
+    clients: int
+    batch_clients: int
+    batch_size: int
+    seconds: float
+    max_requests: int
 
 
 @dataclass
@@ -143,7 +159,7 @@ def _queued_jobs(port: int) -> int:
     return sum(queue["counts"]["queued"] for queue in queues)
 
 
-def run_once(url: str, args: argparse.Namespace) -> dict[str, object]:
+def run_once(url: str, args: Load) -> dict[str, Any]:
     """One run on a fresh schema: warm up, then the single and batch phases."""
     single_body = json.dumps({"task": "echo", "payload": {"n": 1}}).encode()
     batch_body = json.dumps(
@@ -184,31 +200,51 @@ def run_once(url: str, args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--database-url", help="default: DATABASE_URL, else the embedded server")
-    parser.add_argument("--workers", type=int, default=2, help="pgqueue-api worker processes")
-    parser.add_argument("--clients", type=int, default=16, help="concurrent single-POST clients")
-    parser.add_argument(
-        "--batch-clients",
-        type=int,
-        default=4,
-        help="concurrent batch clients (two per API worker: one's insert overlaps the other's parsing)",
-    )
-    parser.add_argument("--batch-size", type=int, default=1000, help="jobs per batch")
-    parser.add_argument("--seconds", type=float, default=10.0, help="length of each phase")
-    parser.add_argument("--max-requests", type=int, default=200_000, help="cap per phase")
-    parser.add_argument("--runs", type=int, default=3, help="repeats, each on a fresh schema")
-    parser.add_argument("--results-dir", help="default: PGQUEUE_RESULTS_DIR, else ./results")
-    args = parser.parse_args()
-
-    target = database.resolve_target(args.database_url)
-    runs = []
-    for number in range(1, args.runs + 1):
+@click.command("api")
+@click.option(
+    "--workers", type=int, default=2, show_default=True, help="pgqueue-api worker processes."
+)
+@click.option(
+    "--clients", type=int, default=16, show_default=True, help="Concurrent single-POST clients."
+)
+@click.option(
+    "--batch-clients",
+    type=int,
+    default=4,
+    show_default=True,
+    help="Concurrent batch clients (two per API worker: one's insert overlaps the other's parsing).",
+)
+@click.option("--batch-size", type=int, default=1000, show_default=True, help="Jobs per batch.")
+@click.option(
+    "--seconds", type=float, default=10.0, show_default=True, help="Length of each phase."
+)
+@click.option("--max-requests", type=int, default=200_000, show_default=True, help="Cap per phase.")
+@click.option(
+    "--runs", type=int, default=3, show_default=True, help="Repeats, each on a fresh schema."
+)
+@database_url_option
+@results_dir_option
+def api_command(
+    workers: int,
+    clients: int,
+    batch_clients: int,
+    batch_size: int,
+    seconds: float,
+    max_requests: int,
+    runs: int,
+    database_url: str | None,
+    results_dir: str | None,
+) -> None:
+    """Requests per second and latency of POST /jobs, and jobs per second of POST
+    /jobs/batch, against pgqueue-api."""
+    args = Load(workers, clients, batch_clients, batch_size, seconds, max_requests)
+    target = database.resolve_target(database_url)
+    done: list[dict[str, Any]] = []
+    for number in range(1, runs + 1):
         run = run_once(target.url, args)
-        runs.append(run)
+        done.append(run)
         single, batch = run["single"], run["batch"]
-        print(
+        click.echo(
             f"run {number}: POST /jobs {single['requests_per_second']:.0f} req/s "
             f"(p50 {single['latency_p50_ms']:.1f} ms, p99 {single['latency_p99_ms']:.1f} ms); "
             f"POST /jobs/batch {batch['jobs_per_second']:.0f} jobs/s "
@@ -217,22 +253,17 @@ def main() -> None:
         )
     summary = {
         "single_requests_per_second": results.spread(
-            r["single"]["requests_per_second"] for r in runs
+            r["single"]["requests_per_second"] for r in done
         ),
-        "single_latency_p50_ms": results.spread(r["single"]["latency_p50_ms"] for r in runs),
-        "single_latency_p99_ms": results.spread(r["single"]["latency_p99_ms"] for r in runs),
-        "batch_jobs_per_second": results.spread(r["batch"]["jobs_per_second"] for r in runs),
-        "batch_to_single_ratio": results.spread(r["batch_to_single_ratio"] for r in runs),
+        "single_latency_p50_ms": results.spread(r["single"]["latency_p50_ms"] for r in done),
+        "single_latency_p99_ms": results.spread(r["single"]["latency_p99_ms"] for r in done),
+        "batch_jobs_per_second": results.spread(r["batch"]["jobs_per_second"] for r in done),
+        "batch_to_single_ratio": results.spread(r["batch_to_single_ratio"] for r in done),
     }
-    document = results.document(
+    results.record(
         "api",
-        environment=environment.describe(
-            target.url,
-            target.server,
-            **{
-                name: environment.package_versions((name,))[name]
-                for name in ("pgqueue-api", "fastapi", "uvicorn", "httpx")
-            },
+        environment.describe(
+            target.url, target.server, "pgqueue-api", "fastapi", "uvicorn", "httpx"
         ),
         parameters={
             "api_workers": args.workers,
@@ -243,13 +274,9 @@ def main() -> None:
             "max_requests_per_phase": args.max_requests,
             "client": "asyncio HTTP/1.1 keep-alive connections, one process, same machine",
         },
-        runs=runs,
+        runs=done,
         summary=summary,
+        directory=results_dir,
     )
-    path = results.write("api", document, args.results_dir)
-    ratio = statistics.median(r["batch_to_single_ratio"] for r in runs)
-    print(f"wrote {path}; median batch/single ratio {ratio}x (target: at least 20x)")
-
-
-if __name__ == "__main__":
-    main()
+    ratio = summary["batch_to_single_ratio"]["median"]
+    click.echo(f"median batch/single ratio {ratio}x (target: at least 20x)")

@@ -9,15 +9,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # the backend is chosen above, before pyplot loads
 from matplotlib.axes import Axes
 from matplotlib.patches import Patch
 
-from pgqueue_bench.plot import machine_note
+from pgqueue_bench.plot import machine_note, save, subplots
 
 FAULT_COLOURS = {
     "server_crash": "tab:red",
@@ -124,7 +119,7 @@ def _mark_faults(axes_list: Sequence[Axes], faults: list[dict[str, Any]]) -> lis
 def plot_soak(document: dict[str, Any], path: Path) -> Path:
     """Draw ``document``'s samples and faults into ``path`` (PNG); return the path."""
     samples = sorted(document["samples"], key=lambda s: s["elapsed_seconds"])
-    figure, axes_list = plt.subplots(7, 1, figsize=(11, 15), sharex=True)
+    figure, axes_list = subplots(7, 1, figsize=(11, 15), sharex=True)
     _panels(axes_list, samples)
     legend = _mark_faults(axes_list, document["faults"])
     for axes in axes_list:
@@ -149,8 +144,4 @@ def plot_soak(document: dict[str, Any], path: Path) -> Path:
             title="faults (shaded)",
             title_fontsize=8,
         )
-    figure.tight_layout(rect=(0, 0, 1, 0.93))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, dpi=90)
-    plt.close(figure)
-    return path
+    return save(figure, path, dpi=90, rect=(0, 0, 1, 0.93))

@@ -10,7 +10,8 @@ the peers are, and run once it opens.
 worker flags but the queue's own settings: each ``work`` process applies them with
 ``Queue.update_queue`` before the start barrier (the same values from every process).
 Nothing else here needs a newer pgqueue than commit 8adbcc3, so the script also runs
-under such an older build installed in another virtualenv (``compare.py --baseline``).
+under such an older build installed in another virtualenv (``python -m pgqueue_bench.peers
+--baseline``).
 """
 
 from __future__ import annotations
@@ -122,29 +123,6 @@ def report(url: str, latencies: bool) -> dict:
     return out
 
 
-def main() -> None:
-    args = peerlib.command_line(__doc__)
-    if args.command == "version":
-        peerlib.print_json(
-            {"pgqueue-worker": metadata.version("pgqueue-worker"), "settings": DEFAULT_SETTINGS}
-        )
-    elif args.command == "setup":
-        setup(args.database_url)
-    elif args.command == "enqueue":
-        enqueue(args.database_url, args.jobs)
-    elif args.command == "produce":
-        produce(args.database_url, args.jobs, args.rate)
-    elif args.command == "work":
-        work(
-            args.database_url,
-            args.seen_file,
-            args.drain,
-            peerlib.settings(args.setting),
-            args.sleep_ms,
-        )
-    elif args.command == "report":
-        peerlib.print_json(report(args.database_url, args.latencies))
-
-
 if __name__ == "__main__":
-    main()
+    version = {"pgqueue-worker": metadata.version("pgqueue-worker"), "settings": DEFAULT_SETTINGS}
+    peerlib.serve(__doc__, version)

@@ -14,7 +14,6 @@ from importlib import metadata
 
 import peerlib
 import procrastinate
-import psycopg
 
 DEFAULT_SETTINGS = {"concurrency": "30"}
 
@@ -55,6 +54,8 @@ async def produce(url: str, jobs: int, rate: float) -> None:
 
 
 async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep_ms: float) -> None:
+    # An interrupt at the terminal is the driver's to handle; the worker stops on SIGTERM.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     seen: list[int] = []
     app = make_app(url, seen, sleep_ms)
     chosen = {**DEFAULT_SETTINGS, **settings}
@@ -71,44 +72,6 @@ async def work(url: str, seen_file, drain: bool, settings: dict[str, str], sleep
             peerlib.write_seen(seen_file, seen)
 
 
-def report(url: str, latencies: bool) -> dict:
-    with psycopg.connect(url) as conn:
-        row = conn.execute(peerlib.queries()["procrastinate_report"]).fetchone()
-        out = dict(
-            zip(("completed", "jobs", "most_starts_of_one_job", "seconds"), row, strict=True)
-        )
-        if latencies:
-            rows = conn.execute(peerlib.queries()["procrastinate_latencies"]).fetchall()
-            out["latencies_ms"] = [value for (value,) in rows]
-    return out
-
-
-def main() -> None:
-    args = peerlib.command_line(__doc__)
-    if args.command == "version":
-        peerlib.print_json(
-            {"procrastinate": metadata.version("procrastinate"), "settings": DEFAULT_SETTINGS}
-        )
-    elif args.command == "setup":
-        asyncio.run(setup(args.database_url))
-    elif args.command == "enqueue":
-        asyncio.run(enqueue(args.database_url, args.jobs))
-    elif args.command == "produce":
-        asyncio.run(produce(args.database_url, args.jobs, args.rate))
-    elif args.command == "work":
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        asyncio.run(
-            work(
-                args.database_url,
-                args.seen_file,
-                args.drain,
-                peerlib.settings(args.setting),
-                args.sleep_ms,
-            )
-        )
-    elif args.command == "report":
-        peerlib.print_json(report(args.database_url, args.latencies))
-
-
 if __name__ == "__main__":
-    main()
+    version = {"procrastinate": metadata.version("procrastinate"), "settings": DEFAULT_SETTINGS}
+    peerlib.serve(__doc__, version, report_tables="procrastinate")

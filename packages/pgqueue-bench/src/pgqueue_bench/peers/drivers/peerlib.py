@@ -1,7 +1,9 @@
-"""What the peer scripts share. Standard library only: each peer runs in a
-virtualenv of its own, where pgqueue is not installed.
+"""What the peer scripts share. Standard library only (but for the psycopg of
+:func:`report_from_tables`): each peer runs in a virtualenv of its own, where pgqueue
+is not installed.
 
-Every peer script answers the same subcommands, which ``compare.py`` drives:
+Every peer script answers the same subcommands (:func:`serve` reads them), which
+``pgqueue_bench.peers`` drives:
 
 ``version``
     print the peer's package version
@@ -29,11 +31,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import inspect
 import json
 import re
 import sys
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from functools import cache
 from pathlib import Path
 
@@ -128,6 +131,58 @@ def command_line(description: str, argv: list[str] | None = None) -> argparse.Na
     return parser.parse_args(argv)
 
 
+def serve(
+    description: str, version: dict[str, object], *, report_tables: str | None = None
+) -> None:
+    """Run the subcommand on the command line with the functions of the peer script run
+    as ``__main__``, each named after its subcommand and taking its options in order
+    (``work``: the database URL, seen file, drain, settings and sleep in milliseconds);
+    one that returns a coroutine runs under asyncio. ``version`` prints ``version``;
+    ``report`` prints what ``peer.report`` returns or, given ``report_tables``, what
+    :func:`report_from_tables` reads for that system."""
+    peer = sys.modules["__main__"]
+    args = command_line(description)
+    if args.command == "version":
+        print_json(version)
+        return
+    url = args.database_url
+    calls: dict[str, Callable[[], object]] = {
+        "setup": lambda: peer.setup(url),
+        "enqueue": lambda: peer.enqueue(url, args.jobs),
+        "produce": lambda: peer.produce(url, args.jobs, args.rate),
+        "work": lambda: peer.work(
+            url, args.seen_file, args.drain, settings(args.setting), args.sleep_ms
+        ),
+        "report": lambda: (
+            report_from_tables(url, report_tables, args.latencies)
+            if report_tables
+            else peer.report(url, args.latencies)
+        ),
+    }
+    result = calls[args.command]()
+    if inspect.iscoroutine(result):
+        result = asyncio.run(result)
+    if args.command == "report":
+        print_json(result)
+
+
+def report_from_tables(url: str, system: str, latencies: bool) -> dict[str, object]:
+    """The ``report`` of a peer whose figures ``queries.sql`` reads from its own tables:
+    the columns of ``<system>_report`` by name and, with ``latencies``, every value of
+    ``<system>_latencies`` as ``latencies_ms``. Read with psycopg, which every peer's
+    virtualenv has (the only import here from outside the standard library)."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        cursor = conn.execute(queries()[f"{system}_report"])
+        names = [column.name for column in cursor.description or ()]
+        out: dict[str, object] = dict(zip(names, cursor.fetchone() or (), strict=True))
+        if latencies:
+            rows = conn.execute(queries()[f"{system}_latencies"]).fetchall()
+            out["latencies_ms"] = [value for (value,) in rows]
+    return out
+
+
 def settings(pairs: Iterable[str]) -> dict[str, str]:
     """``NAME=VALUE`` pairs as a dict."""
     return dict(pair.split("=", 1) for pair in pairs)
@@ -153,7 +208,7 @@ def cpu_path(seen_file: Path) -> Path:
 
 
 def print_json(value: object) -> None:
-    """The one line of output ``compare.py`` reads."""
+    """The one line of output the driver reads."""
     print(json.dumps(value), flush=True)
 
 

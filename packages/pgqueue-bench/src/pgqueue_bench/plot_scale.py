@@ -9,26 +9,20 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pgqueue_bench.plot import machine_note, save, subplots
 from pgqueue_bench.scale_scenario import METRICS_BUDGET_MS
 
 
 def plot_scale(document: dict[str, Any], folder: Path) -> list[Path]:
     """``scale.png``: throughput, claim p99, /metrics and sizes by history rows;
     ``scale-soak.png``: the soak's throughput and dead tuples over time."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from pgqueue_bench.plot import machine_note
-
     paths = []
     by_size = document["summary"].get("sizes", {}).get("by_history_rows", {})
     if by_size:
         entries = sorted(by_size.values(), key=lambda e: e["history_rows"])
         xs = [max(e["history_rows"], 1) for e in entries]
         labels = [_rows_label(e["history_rows"]) for e in entries]
-        figure, axes = plt.subplots(2, 3, figsize=(14, 7.5))
+        figure, axes = subplots(2, 3, figsize=(14, 7.5))
         top_left, top_right, cpu_axes, bottom_left, bottom_right, pages_axes = axes.flat
         for key, label in (
             ("jobs_per_second", "history"),
@@ -113,14 +107,10 @@ def plot_scale(document: dict[str, Any], folder: Path) -> list[Path]:
             f"batch {params['batch']}{pruned}\n{machine_note(document)}",
             fontsize=10,
         )
-        figure.tight_layout()
-        path = folder / "scale.png"
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        paths.append(path)
+        paths.append(save(figure, folder / "scale.png"))
     soak = document["summary"].get("soak")
     if soak and soak.get("windows"):
-        figure, axes = plt.subplots(figsize=(9, 4.8))
+        figure, axes = subplots(figsize=(9, 4.8))
         ts = [w["t"] + document["parameters"]["soak_window"] / 2 for w in soak["windows"]]
         axes.plot(ts, [w["jobs_per_second"] for w in soak["windows"]], marker=".", label="jobs/s")
         axes.set_ylabel("claim+ack jobs/s")
@@ -151,11 +141,7 @@ def plot_scale(document: dict[str, Any], folder: Path) -> list[Path]:
             fontsize=10,
         )
         axes.grid(True, alpha=0.3)
-        figure.tight_layout()
-        path = folder / "scale-soak.png"
-        figure.savefig(path, dpi=110)
-        plt.close(figure)
-        paths.append(path)
+        paths.append(save(figure, folder / "scale-soak.png"))
     return paths
 
 

@@ -1,0 +1,367 @@
+"""The results page's sections of the speed benchmarks: throughput, pickup latency, the
+peers side by side (and the async and baseline runs), the producer path (enqueue) and
+the queue controls.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from typing import Any
+
+from pgqueue_bench.report_tables import grouped, median_range, number, table
+
+# FOR UPDATE at this fraction of SKIP LOCKED's rate or better, at every worker count,
+# is no measurable difference (the runs' spread is wider than that).
+SKIP_LOCKED_NO_DIFFERENCE = 0.75
+
+
+def throughput_section(document: dict[str, Any]) -> list[str]:
+    """Jobs/s by worker processes and claim mode."""
+    grid = grouped(document["runs"], "workers", "mode", lambda run: run["jobs_per_second"])
+    modes = list(dict.fromkeys(run["mode"] for run in document["runs"]))
+    rows = [
+        [str(workers), *(median_range(grid[workers].get(mode, [])) for mode in modes)]
+        for workers in sorted(grid)
+    ]
+    compared = {
+        workers: statistics.median(row["for-update"]) / statistics.median(row["skip-locked"])
+        for workers, row in sorted(grid.items())
+        if row.get("for-update") and row.get("skip-locked")
+    }
+    lines_ratio = []
+    if compared:
+        ratios = ", ".join(f"{ratio:.2f}x at {workers}" for workers, ratio in compared.items())
+        lines_ratio = [
+            "Plain `FOR UPDATE` against `SKIP LOCKED`, one job per claim, by worker "
+            f"processes: {ratios}.",
+            "",
+        ]
+        if min(compared.values()) >= SKIP_LOCKED_NO_DIFFERENCE:
+            one_job_rate = max(
+                statistics.median(row[mode])
+                for row in grid.values()
+                for mode in ("for-update", "skip-locked")
+                if row.get(mode)
+            )
+            lines_ratio += [
+                "Here plain `FOR UPDATE` costs little, unlike in designs that hold "
+                "a claimed row's lock while the job runs. A pgqueue claim is one short "
+                "transaction: the lease, not the row lock, keeps the job, so a claimer "
+                "waits only for another claim's commit, and at the most one-job claims "
+                f"per second reached here ({one_job_rate:,.0f}) they rarely meet. "
+                "`SKIP LOCKED` matters as claims become frequent enough to queue on the "
+                "same rows, which this machine does not reach.",
+                "",
+            ]
+    short_runs = [
+        run["seconds"] for run in document["runs"] if run.get("seconds") and run["seconds"] < 1
+    ]
+    if short_runs:
+        lines_ratio += [
+            f"The shortest run lasted {min(short_runs):.2f} s. Runs under a second are "
+            "easily disturbed by anything else the machine does; "
+            "`pgqueue bench throughput --jobs N` makes every run longer.",
+            "",
+        ]
+    cpus = document.get("environment", {}).get("machine", {}).get("cpu_count")
+    lines = [
+        "### Throughput (jobs/s, median and min-max over runs)",
+        "",
+        f"{document['parameters'].get('jobs')} pre-loaded no-op jobs, worker processes "
+        "released together, first claim to last ack on the database clock.",
+        "",
+        *table(["workers", *modes], rows),
+        "",
+        *lines_ratio,
+    ]
+    if cpus:
+        lines += [
+            f"This machine has {cpus} CPU cores, shared by the worker processes and "
+            "PostgreSQL: past that many processes, more workers add contention, not "
+            "capacity, so the curves flatten or fall instead of scaling.",
+            "",
+        ]
+    return lines
+
+
+def latency_section(document: dict[str, Any]) -> list[str]:
+    """p50/p95/p99 pickup latency per wake-up mode."""
+    by_mode: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for run in document["runs"]:
+        for name in ("p50", "p95", "p99", "max"):
+            by_mode[run["mode"]][name].append(run["latency_ms"][name])
+    rows = [
+        [mode, *(median_range(values[name], 2) for name in ("p50", "p95", "p99", "max"))]
+        for mode, values in by_mode.items()
+    ]
+    params = document["parameters"]
+    return [
+        "### Pickup latency (ms, median and min-max over runs)",
+        "",
+        f"{params.get('jobs')} no-op jobs enqueued at {params.get('rate'):g}/s, one per "
+        f"transaction, {params.get('workers')} worker processes; first claim minus "
+        "GREATEST(run_at, enqueued_at), on the database clock.",
+        "",
+        *table(["wake-up", "p50", "p95", "p99", "max"], rows),
+        "",
+    ]
+
+
+def peers_section(document: dict[str, Any]) -> list[str]:
+    """Jobs/s of pgqueue and its peers side by side, and pgqueue's ratio (no-op jobs, or
+    with ``sleep_ms`` async jobs that await ``asyncio.sleep``)."""
+    sleep_ms = document["parameters"].get("sleep_ms")
+    throughput = [run for run in document["runs"] if run["scenario"] == "throughput"]
+    grid = grouped(throughput, "workers", "system", lambda run: run["jobs_per_second"])
+    systems = list(dict.fromkeys(run["system"] for run in throughput))
+    ratios = document["summary"].get("pgqueue_vs_fastest_peer", {})
+    rows = []
+    for workers in sorted(grid):
+        ratio = ratios.get(str(workers))
+        rows.append(
+            [
+                str(workers),
+                *(median_range(grid[workers].get(name, [])) for name in systems),
+                f"{ratio['ratio']:.1f}x" if ratio else "-",
+            ]
+        )
+    lines = [
+        f"### pgqueue and its peers{f', {sleep_ms:g} ms async jobs' if sleep_ms else ''} "
+        "(jobs/s, median and min-max over runs)",
+        "",
+        f"The same {document['parameters'].get('jobs')} "
+        + (
+            f"jobs whose handler, in every system, awaits `asyncio.sleep({sleep_ms / 1000:g})`"
+            if sleep_ms
+            else "no-op jobs"
+        )
+        + ", the same server, one run; a run counts only once every job completed exactly once.",
+        "",
+        *table(["workers", *systems, "pgqueue / fastest peer"], rows),
+        "",
+    ]
+    for name, how in document["parameters"].get("systems", {}).items():
+        lines.append(f"- {name}: {how}")
+    latency = document["summary"].get("latency", {})
+    if latency:
+        lines += [
+            "",
+            *table(
+                ["pickup latency (ms)", "p50", "p95", "p99"],
+                [
+                    [name, *(number(values[p]["median"], 1) for p in ("p50", "p95", "p99"))]
+                    for name, values in latency.items()
+                ],
+            ),
+        ]
+    return [*lines, ""]
+
+
+def _verdict(holds: bool | None) -> str:
+    return {True: "yes", False: "**no**", None: "not measured"}[holds]
+
+
+def enqueue_section(document: dict[str, Any]) -> list[str]:
+    """Jobs/s per enqueue case (HTTP also requests/s and latency), then the ratios and
+    bounds the producer path is held to, then what was not measured and why."""
+    params = document["parameters"]
+    labels = params.get("cases", {})
+    counted = [run for run in document["runs"] if run.get("verified")]
+
+    def figures(case: str, figure: str, digits: int = 0) -> str:
+        return median_range([run[figure] for run in counted if run["case"] == case], digits)
+
+    rows = []
+    for case in labels:
+        if not any(run["case"] == case for run in document["runs"]):
+            continue
+        http = any("requests_per_second" in run for run in counted if run["case"] == case)
+        rows.append(
+            [
+                f"`{case}`",
+                labels[case],
+                figures(case, "jobs_per_second"),
+                figures(case, "requests_per_second") if http else "-",
+                figures(case, "latency_p50_ms", 1) if http else "-",
+                figures(case, "latency_p99_ms", 1) if http else "-",
+            ]
+        )
+    summary = document["summary"]
+    checks = [
+        [
+            f"`{r['numerator']}` / `{r['denominator']}`",
+            "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
+            f"at least {r['at_least']:g}x",
+            _verdict(r["holds"]),
+        ]
+        for r in summary.get("ratios", [])
+    ]
+    checks += [
+        [
+            f"`{b['case']}` {b['figure'].replace('_', ' ')}",
+            # One decimal: a median just under its bound must not read as equal to it.
+            number(b["median"], 1),
+            f"{'at least' if b['kind'] == 'min' else 'at most'} {b['bound']:,g}",
+            _verdict(b["holds"]),
+        ]
+        for b in summary.get("bounds", [])
+    ]
+    repeats = params.get("repeats")
+    loads = [run["load_average_1m"] for run in document["runs"] if "load_average_1m" in run]
+    load = (
+        f" The machine's 1-minute load average at the runs' ends: {min(loads):g}-{max(loads):g}."
+        if loads
+        else ""
+    )
+    lines = [
+        "### Enqueue: the producer path (median and min-max over runs)",
+        "",
+        f"Every case on the same server in one run, {repeats} run{'s' if repeats != 1 else ''} each, "
+        f"{params.get('seconds'):g} s per run after a {params.get('warmup'):g} s warm-up, "
+        "on a fresh schema (the peers: a fresh database). Raw SQL writes into a table "
+        "created `LIKE` active_jobs (same columns, defaults, constraints and indexes, "
+        "no triggers). Rates are jobs per second of the client's wall clock; a run counts "
+        "only if the table then holds every job it counted. HTTP load comes from `wrk` "
+        f"on the same machine; latency is per request.{load}",
+        "",
+        *table(["case", "what", "jobs/s", "requests/s", "p50 ms", "p99 ms"], rows),
+        "",
+        *table(["comparison (medians)", "value", "target", "holds"], checks),
+        "",
+    ]
+    skipped = summary.get("skipped", {})
+    if skipped:
+        lines += [
+            "Not measured: "
+            + "; ".join(f"{labels.get(case, case)}: {reason}" for case, reason in skipped.items())
+            + ".",
+            "",
+        ]
+    return lines
+
+
+def baseline_section(document: dict[str, Any]) -> list[str]:
+    """Drain throughput of this build against an earlier one, paired per repeat in one
+    run: what a change costs the path every job takes."""
+    summary = document["summary"]
+    baseline = summary["vs_baseline"]["baseline"]
+    ratios = summary["vs_baseline"]["ratios"]
+    throughput = summary["throughput"]
+    systems = [name for name in throughput if name != baseline]
+    rows = []
+    for workers in sorted(ratios, key=int):
+        rows.append(
+            [
+                workers,
+                median_range(_spread_values(throughput[baseline].get(workers))),
+                *(
+                    f"{median_range(_spread_values(throughput[name].get(workers)))} "
+                    f"({_ratio_range(ratios[workers].get(name))})"
+                    for name in systems
+                ),
+            ]
+        )
+    described = document["parameters"].get("systems", {})
+    lines = [
+        f"### This build against {baseline} (jobs/s, median and min-max over runs)",
+        "",
+        f"{document['parameters'].get('jobs')} no-op jobs drained as in the peers "
+        "benchmark, every system in each repeat (in turn, each repeat starting with the "
+        "next one); in parentheses, the median and min-max of the per-repeat ratios to "
+        f"{baseline}.",
+        "",
+        *table(["workers", baseline, *systems], rows),
+        "",
+    ]
+    lines += [f"- {name}: {described[name]}" for name in [baseline, *systems] if name in described]
+    return [*lines, "", *_baseline_cpu_lines(document, baseline, systems)]
+
+
+def _baseline_cpu_lines(document: dict[str, Any], baseline: str, systems: list[str]) -> list[str]:
+    """The same runs' CPU per job (worker processes and server), which the machine's
+    other work moves far less than a rate; nothing for a file from before it was
+    measured."""
+    summary = document["summary"]
+    ratios = summary["vs_baseline"].get("cpu_per_job_ratios")
+    cpu = summary.get("cpu_us_per_job")
+    if not ratios or not cpu:
+        return []
+    rows = [
+        [
+            workers,
+            median_range(_spread_values(cpu[baseline].get(workers)), 1),
+            *(
+                f"{median_range(_spread_values(cpu[name].get(workers)), 1)} "
+                f"({_ratio_range(ratios[workers].get(name))})"
+                for name in systems
+            ),
+        ]
+        for workers in sorted(ratios, key=int)
+    ]
+    return [
+        f"CPU per job in the same runs (microseconds, worker processes and server together, "
+        f"from the start barrier until the workers' backends are gone); in parentheses, the "
+        f"median and min-max of the per-repeat ratios to {baseline}: above 1 costs more.",
+        "",
+        *table(["workers", baseline, *systems], rows),
+        "",
+    ]
+
+
+def _spread_values(spread: dict[str, Any] | None) -> list[float]:
+    """A spread's median, min and max as values :func:`median_range` shows alike."""
+    if not spread:
+        return []
+    return [spread["min"], spread["median"], spread["max"]]
+
+
+def _ratio_range(spread: dict[str, Any] | None) -> str:
+    if not spread:
+        return "-"
+    return f"{spread['median']:.2f}x, {spread['min']:.2f}-{spread['max']:.2f}"
+
+
+def controls_section(document: dict[str, Any]) -> list[str]:
+    """How promptly real workers obey a pause, a resume and the limits."""
+    summary = document["summary"]
+    params = document["parameters"]
+    limit = summary["concurrency_limit"]
+    rate = summary["rate_limit"]
+    rows = [
+        [
+            "pause to the last start after it (ms)",
+            number(summary["pause_to_quiet_ms"]["median"], 1),
+            f"{number(summary['pause_to_quiet_ms']['min'], 1)}-"
+            f"{number(summary['pause_to_quiet_ms']['max'], 1)}",
+        ],
+        [
+            "resume to the first start (ms)",
+            number(summary["resume_to_first_start_ms"]["median"], 1),
+            f"{number(summary['resume_to_first_start_ms']['min'], 1)}-"
+            f"{number(summary['resume_to_first_start_ms']['max'], 1)}",
+        ],
+        [
+            "jobs started after the pause (claimed ahead)",
+            number(summary["starts_after_pause"]["median"]),
+            f"{number(summary['starts_after_pause']['min'])}-"
+            f"{number(summary['starts_after_pause']['max'])}",
+        ],
+    ]
+    return [
+        "### Queue controls: pause, resume and limits with real workers",
+        "",
+        f"{params.get('workers')} worker processes with {params.get('concurrency')} slots "
+        f"each and the default poll interval, on {params.get('job_ms')} ms jobs; "
+        f"{params.get('cycles')} pause and resume cycles.",
+        "",
+        *table(["", "median", "min-max"], rows),
+        "",
+        f"- Concurrency limit {limit['limit']} with {params.get('concurrency_workers')} "
+        f"workers: at most {limit['most_running']} running at once "
+        f"({'held' if limit['held'] else '**exceeded**'}).",
+        f"- Rate limit {rate['limit']:g}/s: {rate['starts']} starts in "
+        f"{rate['window_seconds']:g} s, against {rate['expected_starts']:g} expected "
+        f"({rate['ratio_to_limit']:.2f} of the limit).",
+        "",
+    ]
