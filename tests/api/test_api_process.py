@@ -113,7 +113,7 @@ def test_taken_port_is_one_clear_line(database_url, schema):
 
 def test_unmigrated_schema_is_one_clear_line_pointing_at_migrate(database_url):
     line = _refused("--database-url", database_url, "--schema", "never_migrated")
-    assert "run `pgqueue migrate` or pass --migrate" in line
+    assert "run `pgqueue migrate --schema never_migrated` or pass --migrate" in line
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from pgqueue.cli import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,
+    check_migrated,
     check_reachable,
     database_options,
     exit_status_help,
@@ -204,7 +205,8 @@ def api(
             applied = migrations.migrate(url, schema)
             if applied:
                 click.echo(f"applied migrations {', '.join(map(str, applied))} to schema {schema}")
-        check_migrated(url, schema)
+        with connections.connect(url) as conn:
+            check_migrated(conn, schema, or_else=" or pass --migrate")
     except PgQueueError as exc:
         raise click.ClickException(str(exc)) from None
     except psycopg.Error as exc:
@@ -266,17 +268,6 @@ def describe_settings(settings: ApiSettings, workers: int) -> str:
         f"{len(settings.tokens)} API token{'s' if len(settings.tokens) != 1 else ''}, "
         f"/metrics {metrics}, dashboard {'at /ui' if settings.ui else 'off'}"
     )
-
-
-def check_migrated(url: str, schema: str) -> None:
-    """Fail with one line unless every migration this version ships is applied."""
-    with connections.connect(url) as conn:
-        try:
-            problem = migrations.unmigrated(conn, schema)
-        except migrations.UnknownSchemaVersion as exc:
-            raise click.ClickException(str(exc)) from None
-    if problem:
-        raise click.ClickException(f"{problem}: run `pgqueue migrate` or pass --migrate")
 
 
 def check_port_free(host: str, port: int) -> None:

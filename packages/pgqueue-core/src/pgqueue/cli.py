@@ -152,16 +152,17 @@ def not_migrated(schema: str, problem: str | None = None) -> str:
     return f"{problem or migrations.lacking(schema)}: run `{command}`"
 
 
-def check_migrated(conn: psycopg.Connection, schema: str) -> None:
+def check_migrated(conn: psycopg.Connection, schema: str, *, or_else: str = "") -> None:
     """Fail with one clear line unless ``schema`` has every migration this version of
     pgqueue ships (a command on an older or missing schema would otherwise fail
-    half-way with a traceback)."""
+    half-way with a traceback). ``or_else`` ends the line with the command's own way
+    out (`` or pass --migrate``)."""
     try:
         problem = migrations.unmigrated(conn, schema)
     except migrations.UnknownSchemaVersion as exc:
         raise click.ClickException(str(exc)) from None
     if problem:
-        raise click.ClickException(not_migrated(schema, problem))
+        raise click.ClickException(not_migrated(schema, problem) + or_else)
 
 
 def open_queue(database_url: str | None, schema: str, **options: Any) -> Queue:
