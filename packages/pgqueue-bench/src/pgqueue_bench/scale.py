@@ -13,10 +13,10 @@ before the day of the first load and that day up to the load. At each size the d
 measures, on that schema and on a ``baseline`` schema that holds no history:
 
 - claim+ack throughput: ``--jobs`` no-op jobs are enqueued, then ``--clients``
-  processes claim ``--batch`` jobs per statement and ack them (``Queue.claim`` then
-  ``Queue.ack_many``, two transactions) until none is left; the rate is the jobs over
+  processes claim ``--batch`` jobs per statement and ack them (``WorkerProtocol.claim`` then
+  ``WorkerProtocol.ack_many``, two transactions) until none is left; the rate is the jobs over
   the time from the first claim to the last ack;
-- claim latency: every ``Queue.claim`` call, timed in the client (round trip included);
+- claim latency: every ``WorkerProtocol.claim`` call, timed in the client (round trip included);
 - ``/metrics`` scrape time: GETs to the real API app (``pgqueue_api.app.create_app``)
   served by uvicorn on loopback, and the time of ``Queue.stats()`` (``pgqueue status``);
 - table, partition and index sizes, from the catalogs: ``active_jobs`` (the hot table
@@ -344,7 +344,7 @@ def scale_command(
         "rate": "acked jobs / (last ack - first claim), per run, wall clock",
         "ratio_to_baseline": "median over repeats of history / baseline within the repeat",
         "server_cpu": "CPU seconds of the private cluster's processes during a run / jobs",
-        "claim_latency": "one Queue.claim call of up to `batch` jobs, timed in the client",
+        "claim_latency": "one WorkerProtocol.claim call of up to `batch` jobs, timed in the client",
     }
     document = results.document(
         "scale",

@@ -15,7 +15,7 @@ When each one runs, relative to the commit of the change it reports:
 - ``on_start``: in the worker, on the thread that runs the handler, just before the
   handler is called: after the claim committed, and after the wait for a free slot of
   a job claimed ahead. An attempt called off before its handler started (cancelled,
-  lease lost) gets none. ``Queue.claim`` runs no hook.
+  lease lost) gets none. ``WorkerProtocol.claim`` runs no hook.
 - ``on_success``, ``on_fail``, ``on_dead``: after the statement that records the
   outcome committed, in the process that wrote it (the worker's outcome writer, or
   the reaper for an expired lease). So a job's ``on_success`` may come after later

@@ -2,7 +2,7 @@
 
 Each ``pgqueue worker`` keeps a row in the ``workers`` table: written when it starts
 (:meth:`RegistryMethods.register_worker`), renewed by the heartbeat it sends anyway
-(``Queue.heartbeat(..., worker=...)``), deleted when it stops
+(``WorkerProtocol.heartbeat(..., worker=...)``), deleted when it stops
 (:meth:`RegistryMethods.deregister_worker`). A worker that dies stops counting once its
 row expires (three heartbeat intervals, 30 s by default) and the reaper deletes it.
 

@@ -1,6 +1,6 @@
 """The reaper: puts jobs whose lease expired back to queued, or dead-letters them.
 
-Every worker runs one, but ``Queue.reap`` takes a transaction-scoped advisory lock, so
+Every worker runs one, but ``WorkerProtocol.reap`` takes a transaction-scoped advisory lock, so
 at most one reaps at a time and the others skip their turn.
 
 Reaping is schema-wide: a worker reaps the expired leases of every queue in its schema,

@@ -226,7 +226,7 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 -- new attempt with a fresh lease token. For queues without settings (see
 -- queue_settings), the common case: a queue that has some gives no job here, and
 -- job_claim_times, run next, says so, for the caller to claim it with
--- job_claim_limited from then on (Queue.claim does). A pause therefore holds from the
+-- job_claim_limited from then on (WorkerProtocol.claim does). A pause therefore holds from the
 -- first claim after it commits, whichever statement a worker was using.
 -- One index scan per queue, in active_jobs_claim_idx order, so a claim reads a handful of
 -- index entries however long the backlog (a single scan over queue = ANY(...) cannot
