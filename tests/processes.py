@@ -5,12 +5,12 @@ folder's handlers, and workers whose output goes to a log file."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterable
 from pathlib import Path
+
+from pgqueue_bench.processes import stop_processes
 
 
 def pgqueue_command() -> list[str]:
@@ -53,15 +53,4 @@ def start_worker(
 def stop(processes: Iterable[subprocess.Popen[bytes]], timeout: float = 60.0) -> list[int]:
     """SIGTERM each process still running and give them ``timeout`` s in all to exit;
     SIGKILL those that have not. Returns their exit codes."""
-    processes = list(processes)
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout
-    for process in processes:
-        try:
-            process.wait(max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    return [process.returncode for process in processes]
+    return stop_processes(list(processes), timeout)

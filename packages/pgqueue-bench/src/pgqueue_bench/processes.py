@@ -10,9 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 
-def stop_processes(processes: Sequence[subprocess.Popen[Any]], timeout: float) -> None:
+def stop_processes(processes: Sequence[subprocess.Popen[Any]], timeout: float) -> list[int]:
     """SIGTERM every one of ``processes`` still running, give them ``timeout`` seconds
-    in all to exit, then SIGKILL and reap any still running."""
+    in all to exit (each at least one more second once that has passed), then SIGKILL
+    and reap any still running. Returns their exit codes, in order."""
     running = [process for process in processes if process.poll() is None]
     for process in running:
         with contextlib.suppress(ProcessLookupError):
@@ -20,7 +21,8 @@ def stop_processes(processes: Sequence[subprocess.Popen[Any]], timeout: float) -
     deadline = time.monotonic() + timeout
     for process in running:
         try:
-            process.wait(max(0.1, deadline - time.monotonic()))
+            process.wait(max(1.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    return [process.returncode for process in processes]
