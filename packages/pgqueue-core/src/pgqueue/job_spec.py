@@ -13,8 +13,11 @@ from pgqueue.errors import ValidationError
 from pgqueue.job import Job, JobState
 from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
+_NO_PAYLOAD: Any = object()
+"""The default of ``JobSpec(payload=)``: an empty payload of the spec's own."""
 
-@dataclass(frozen=True)
+
+@dataclass(frozen=True, init=False)
 class JobSpec:
     """A job to enqueue, validated on construction.
 
@@ -42,30 +45,59 @@ class JobSpec:
     dependencies: tuple[int | BatchItem, ...] = field(init=False, repr=False, compare=False)
     """``depends_on``, checked, each job once, in the order given."""
 
-    def __post_init__(self) -> None:
-        validation.name("task", self.task)
-        validation.name("queue", self.queue)
-        validation.priority(self.priority)
-        validation.max_attempts(self.max_attempts)
-        if self.delay_seconds is not None and self.run_at is not None:
+    def __init__(
+        self,
+        task: str,
+        payload: dict[str, Any] = _NO_PAYLOAD,
+        queue: str = DEFAULT_QUEUE,
+        priority: int = 0,
+        delay_seconds: float | None = None,
+        run_at: datetime | None = None,
+        idempotency_key: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        timeout_seconds: float | None = None,
+        unique_key: str | None = None,
+        depends_on: Sequence[int | BatchItem] = (),
+    ) -> None:
+        """Check every field; raises :class:`~pgqueue.errors.ValidationError` naming the
+        first one that is wrong."""
+        if payload is _NO_PAYLOAD:
+            payload = {}
+        validation.name("task", task)
+        validation.name("queue", queue)
+        validation.priority(priority)
+        validation.max_attempts(max_attempts)
+        if delay_seconds is not None and run_at is not None:
             raise ValidationError("delay_seconds", "give delay_seconds or run_at, not both")
-        if self.delay_seconds is not None:
-            validation.seconds("delay_seconds", self.delay_seconds)
-        if self.run_at is not None:
-            validation.run_at(self.run_at)
-        if self.idempotency_key is not None:
-            validation.idempotency_key(self.idempotency_key)
-        if self.unique_key is not None:
-            validation.unique_key(self.unique_key)
-        if self.timeout_seconds is not None:
-            validation.seconds("timeout_seconds", self.timeout_seconds, positive=True)
-        # Worked out (and so checked) now, not when the job is enqueued. A frozen
-        # dataclass sets its own fields through object.__setattr__, as its generated
-        # __init__ does; a cached_property would cost more than the rest of this method
-        # (its lock, on Python 3.11), and large enqueues build thousands of specs.
-        object.__setattr__(self, "payload_text", validation.payload(self.payload))
-        object.__setattr__(
-            self, "dependencies", checked(self.depends_on) if self.depends_on else ()
+        if delay_seconds is not None:
+            validation.seconds("delay_seconds", delay_seconds)
+        if run_at is not None:
+            validation.run_at(run_at)
+        if idempotency_key is not None:
+            validation.idempotency_key(idempotency_key)
+        if unique_key is not None:
+            validation.unique_key(unique_key)
+        if timeout_seconds is not None:
+            validation.seconds("timeout_seconds", timeout_seconds, positive=True)
+        # Written by hand, to fill the instance's dict in one update: the frozen
+        # dataclass's generated __init__ sets each field through object.__setattr__,
+        # which cost a third of a spec, and large enqueues build thousands of specs.
+        # What the statements take is worked out (and so checked) now, not when the job
+        # is enqueued.
+        self.__dict__.update(
+            task=task,
+            payload=payload,
+            queue=queue,
+            priority=priority,
+            delay_seconds=delay_seconds,
+            run_at=run_at,
+            idempotency_key=idempotency_key,
+            max_attempts=max_attempts,
+            timeout_seconds=timeout_seconds,
+            unique_key=unique_key,
+            depends_on=depends_on,
+            payload_text=validation.payload(payload),
+            dependencies=checked(depends_on) if depends_on else (),
         )
 
     @property
