@@ -65,19 +65,20 @@ def copy_jobs(
     timed = any(spec.run_at is not None or spec.delay_seconds for spec in specs)
     run_ats = [_run_at(spec, now) for spec in specs] if timed else [now] * len(specs)
     copy_in = queries.bind("job_copy" if timed else "job_copy_runnable_now", schema)
+    # As the table gives them back: the stored JSON texts, loaded in one parse.
+    payloads = jsonb.load_json_texts([spec.payload_text for spec in specs])
+    jobs = []
     with cur.copy(copy_in) as copy:
-        for job_id, spec, run_at in zip(ids, specs, run_ats, strict=True):
+        # Each job is built as its row is written: psycopg sends the rows in blocks of
+        # some hundreds, and the server stores one block while this builds the next.
+        for job_id, spec, run_at, payload in zip(ids, specs, run_ats, payloads, strict=True):
             first = (job_id, spec.queue, spec.task, spec.payload_text, spec.priority)
             rest = (spec.max_attempts, spec.timeout_seconds, trace_context)
             copy.write_row((*first, run_at, *rest) if timed else first + rest)
+            jobs.append(spec.queued_job(job_id, run_at, now, loaded_payload=payload))
     queues = sorted({spec.queue for spec in specs})
     cur.execute(queries.bind("queues_wake", schema), {"queues": queues})
-    # As the table gives them back: the stored JSON texts, loaded in one parse.
-    payloads = jsonb.load_json_texts([spec.payload_text for spec in specs])
-    return [
-        spec.queued_job(job_id, run_at, now, loaded_payload=payload)
-        for job_id, spec, run_at, payload in zip(ids, specs, run_ats, payloads, strict=True)
-    ]
+    return jobs
 
 
 def _run_at(spec: JobSpec, now: datetime) -> datetime:
