@@ -18,7 +18,13 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgqueue_bench import enqueue, enqueue_outcome, enqueue_peers, enqueue_producers
+from pgqueue_bench import (
+    enqueue,
+    enqueue_outcome,
+    enqueue_peers,
+    enqueue_producers,
+    server_cpu,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -86,6 +92,14 @@ def test_a_quick_run_measures_every_case_it_can_and_verifies_each(
     for case in HTTP:
         if case in runs:
             assert 0 < runs[case]["latency_p50_ms"] <= runs[case]["latency_p99_ms"]
+    # The cases run in the bench's process measure its CPU, and the server's when the
+    # server runs on this machine (a server in a container has no process to read).
+    local_server = server_cpu.local_postmaster_pid(server_url) is not None
+    for case in ALWAYS_HERE:
+        assert runs[case]["client_cpu_us_per_job"] > 0, case
+        assert ("server_cpu_us_per_job" in runs[case]) == local_server, case
+        if local_server:
+            assert runs[case]["server_cpu_us_per_job"] > 0, case
     # The ratios of what ran are computed from the same runs' medians.
     ratios = {(r["numerator"], r["denominator"]): r for r in document["summary"]["ratios"]}
     ratio = ratios[("enqueue-1", "raw-insert-1")]["ratio"]

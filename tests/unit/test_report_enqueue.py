@@ -25,11 +25,12 @@ def _run(case: str, rate: float, *, verified: bool = True, **extra: Any) -> dict
 
 
 RUNS = [
-    _run("raw-insert-1", 3000.0),
-    _run("raw-insert-1", 3400.0),
-    _run("raw-insert-1", 3200.0),
-    _run("enqueue-1", 2900.0),
-    _run("enqueue-1", 3100.0),
+    _run("raw-insert-1", 3000.0, client_cpu_us_per_job=150.0, server_cpu_us_per_job=200.0),
+    _run("raw-insert-1", 3400.0, client_cpu_us_per_job=170.0, server_cpu_us_per_job=180.0),
+    _run("raw-insert-1", 3200.0, client_cpu_us_per_job=160.0, server_cpu_us_per_job=190.0),
+    # Measured on a server of another machine: no server CPU.
+    _run("enqueue-1", 2900.0, client_cpu_us_per_job=300.0),
+    _run("enqueue-1", 3100.0, client_cpu_us_per_job=320.0),
     # Fast but its rows did not arrive: must not move any figure.
     _run("enqueue-1", 90000.0, verified=False),
     _run("pgqueuer-single", 2000.0),
@@ -109,9 +110,12 @@ def test_the_section_shows_each_case_the_comparisons_and_what_was_skipped() -> N
         "-",
         "-",
         "-",
+        "160.0 (150.0-170.0)",
+        "190.0 (180.0-200.0)",
     ]
     assert rows["`enqueue-1`"][2] == "3,000 (2,900-3,100)"
-    assert rows["`http-jobs`"][2:] == ["2,500", "2,500", "6.0", "61.5"]
+    assert rows["`enqueue-1`"][6:] == ["310.0 (300.0-320.0)", "-"]
+    assert rows["`http-jobs`"][2:] == ["2,500", "2,500", "6.0", "61.5", "-", "-"]
     assert "`procrastinate-single`" not in rows  # skipped: no row of figures
     assert rows["`enqueue-1` / `raw-insert-1`"][1:] == ["0.94x", "at least 0.9x", "yes"]
     assert rows["`enqueue-16` / `raw-insert-16`"][1:] == ["-", "at least 0.8x", "not measured"]

@@ -25,6 +25,12 @@ class Timing:
     calls: int
     seconds: float
     warmup_jobs: int
+    client_cpu_seconds: float | None = None
+    """CPU time of the producing process (all its threads) over the measured window,
+    when the producers ran in this process."""
+    server_cpu_seconds: float | None = None
+    """CPU time of the PostgreSQL server over the measured window, when it runs on
+    this machine (see :mod:`pgqueue_bench.server_cpu`)."""
 
 
 def count_rows(url: str, table: sql.Identifier) -> int:
@@ -36,8 +42,18 @@ def count_rows(url: str, table: sql.Identifier) -> int:
 
 def outcome(timing: Timing, stored: int, *, extra_allowed: int = 0) -> dict[str, Any]:
     """A run's figures, verified: the table holds the jobs counted (warm-up included),
-    or at most ``extra_allowed`` more (sent but unanswered when the load stopped)."""
+    or at most ``extra_allowed`` more (sent but unanswered when the load stopped). With
+    the CPU times measured, also the client's and the server's CPU per job, in
+    microseconds: where a case's time goes, which its rate alone does not say."""
     counted = timing.warmup_jobs + timing.jobs
+    cpu = {
+        f"{side}_cpu_us_per_job": round(seconds / timing.jobs * 1e6, 2)
+        for side, seconds in (
+            ("client", timing.client_cpu_seconds),
+            ("server", timing.server_cpu_seconds),
+        )
+        if seconds is not None and timing.jobs
+    }
     problems = []
     if not counted <= stored <= counted + extra_allowed:
         allowance = f" (+{extra_allowed} in flight)" if extra_allowed else ""
@@ -48,6 +64,7 @@ def outcome(timing: Timing, stored: int, *, extra_allowed: int = 0) -> dict[str,
         "seconds": round(timing.seconds, 3),
         "jobs_per_second": timing.jobs / timing.seconds if timing.seconds > 0 else None,
         "warmup_jobs": timing.warmup_jobs,
+        **cpu,
         "rows_stored": stored,
         "verified": not problems,
         "problems": problems,

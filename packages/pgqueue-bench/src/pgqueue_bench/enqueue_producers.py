@@ -6,6 +6,7 @@ INSERT, arrays per INSERT, COPY) and pgqueue's ``Queue.enqueue`` and
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import threading
@@ -31,6 +32,7 @@ from pgqueue_bench.enqueue_settings import (
     Settings,
 )
 from pgqueue_bench.queries import schema_statement_in
+from pgqueue_bench.server_cpu import ServerCpu, local_postmaster_pid, postgres_cpu_seconds
 
 # -- producers in threads -------------------------------------------------------------
 
@@ -44,14 +46,25 @@ class _Tally:
     failure: BaseException | None = None
 
 
-def run_producers(producers: Sequence[Callable[[], int]], seconds: float, warmup: float) -> Timing:
+def run_producers(
+    producers: Sequence[Callable[[], int]],
+    seconds: float,
+    warmup: float,
+    server_cpu: ServerCpu | None = None,
+) -> Timing:
     """Call each producer over and over, each in a thread of its own: during ``warmup``
     (at least once each), then, from the moment all have warmed up, for ``seconds``.
-    A call returns how many jobs it added. The first producer failure is raised."""
+    A call returns how many jobs it added. The first producer failure is raised.
+
+    The CPU time this process spends in the measured window is counted, and the
+    server's, read by ``server_cpu``, when given."""
     tallies = [_Tally() for _ in producers]
     window: dict[str, float] = {}
 
     def open_window() -> None:  # run once, by the last producer to warm up
+        if server_cpu is not None:
+            window["server_cpu"] = server_cpu()
+        window["client_cpu"] = time.process_time()
         window["start"] = time.perf_counter()
         window["stop"] = window["start"] + seconds
 
@@ -86,6 +99,8 @@ def run_producers(producers: Sequence[Callable[[], int]], seconds: float, warmup
         thread.join(max(0.0, deadline - time.monotonic()))
         if thread.is_alive():
             raise TimeoutError(f"{thread.name} still busy long after its time was up")
+    client_cpu = time.process_time() - window["client_cpu"]
+    server_seconds = None if server_cpu is None else server_cpu() - window["server_cpu"]
     for tally in tallies:
         if tally.failure is not None:
             raise tally.failure
@@ -94,7 +109,17 @@ def run_producers(producers: Sequence[Callable[[], int]], seconds: float, warmup
         calls=sum(t.calls for t in tallies),
         seconds=max(t.finished_at for t in tallies) - window["start"],
         warmup_jobs=sum(t.warmup_jobs for t in tallies),
+        client_cpu_seconds=client_cpu,
+        server_cpu_seconds=server_seconds,
     )
+
+
+def server_cpu_of(url: str) -> ServerCpu | None:
+    """The reader of the CPU time of the server at ``url``, when it runs on this machine."""
+    postmaster = local_postmaster_pid(url)
+    if postmaster is None:
+        return None
+    return functools.partial(postgres_cpu_seconds, postmaster)
 
 
 def _payloads(numbers: Iterator[int], count: int) -> list[dict[str, int]]:
@@ -186,7 +211,10 @@ def raw_case(
         ]
         make = _raw_copy if copy else _raw_insert
         timing = run_producers(
-            [make(conn, schema, batch) for conn in connections], settings.seconds, settings.warmup
+            [make(conn, schema, batch) for conn in connections],
+            settings.seconds,
+            settings.warmup,
+            server_cpu_of(url),
         )
         return outcome(timing, count_rows(url, sql.Identifier(schema, "plain_jobs")))
 
@@ -203,5 +231,6 @@ def queue_case(url: str, settings: Settings, *, producers: int, batch: int) -> d
             [_queue_enqueue(queue, batch) for _ in range(producers)],
             settings.seconds,
             settings.warmup,
+            server_cpu_of(url),
         )
         return outcome(timing, count_rows(url, sql.Identifier(schema, "jobs")))

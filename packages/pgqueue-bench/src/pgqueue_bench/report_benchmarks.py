@@ -172,6 +172,10 @@ def enqueue_section(document: dict[str, Any]) -> list[str]:
     def figures(case: str, figure: str, digits: int = 0) -> str:
         return median_range([run[figure] for run in counted if run["case"] == case], digits)
 
+    def cpu(case: str, figure: str) -> str:
+        values = [run[figure] for run in counted if run["case"] == case and figure in run]
+        return median_range(values, 1) if values else "-"
+
     rows = []
     for case in labels:
         if not any(run["case"] == case for run in document["runs"]):
@@ -185,6 +189,8 @@ def enqueue_section(document: dict[str, Any]) -> list[str]:
                 figures(case, "requests_per_second") if http else "-",
                 figures(case, "latency_p50_ms", 1) if http else "-",
                 figures(case, "latency_p99_ms", 1) if http else "-",
+                cpu(case, "client_cpu_us_per_job"),
+                cpu(case, "server_cpu_us_per_job"),
             ]
         )
     summary = document["summary"]
@@ -223,9 +229,24 @@ def enqueue_section(document: dict[str, Any]) -> list[str]:
         "created `LIKE` active_jobs (same columns, defaults, constraints and indexes, "
         "no triggers). Rates are jobs per second of the client's wall clock; a run counts "
         "only if the table then holds every job it counted. HTTP load comes from `wrk` "
-        f"on the same machine; latency is per request.{load}",
+        "on the same machine; latency is per request. CPU per job (cases run in the "
+        "bench's own process): the CPU time of that process (client) and of the whole "
+        "PostgreSQL server (server) over the measured window, divided by the jobs added; "
+        f"the two share the machine's cores.{load}",
         "",
-        *table(["case", "what", "jobs/s", "requests/s", "p50 ms", "p99 ms"], rows),
+        *table(
+            [
+                "case",
+                "what",
+                "jobs/s",
+                "requests/s",
+                "p50 ms",
+                "p99 ms",
+                "client CPU µs/job",
+                "server CPU µs/job",
+            ],
+            rows,
+        ),
         "",
         *table(["comparison (medians)", "value", "target", "holds"], checks),
         "",
