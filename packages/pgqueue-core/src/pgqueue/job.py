@@ -258,3 +258,18 @@ class EnqueueResult:
 
     job: Job
     created: bool
+
+    @classmethod
+    def all_created(cls, jobs: Iterable[Job]) -> list[EnqueueResult]:
+        """The results of a call that created every one of ``jobs``. Built as
+        :meth:`Job.from_fields` builds jobs, without the frozen dataclass's ``__init__``,
+        which would cost a large batch more than a third of its jobs' construction."""
+        results: list[EnqueueResult] = []
+        append = results.append
+        for job in jobs:
+            result = object.__new__(cls)
+            values = result.__dict__
+            values["job"] = job
+            values["created"] = True
+            append(result)
+        return results

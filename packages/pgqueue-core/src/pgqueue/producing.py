@@ -153,20 +153,24 @@ class ProducerMethods(QueueBase):
         self, specs: list[JobSpec], conn: psycopg.Connection | None, trace_context: str | None
     ) -> list[EnqueueResult]:
         """enqueue_many, with ``trace_context`` (JSON text) stored with every job."""
+        # One pass over the batch: its sizes checked, and which path it takes.
+        dependent = keyed_items = False
         for index, spec in enumerate(specs):
             try:
                 validation.within_limit("payload", spec.payload_text, self.max_payload_bytes)
             except validation.TooLarge as exc:
                 exc.index = index
                 raise
-        if any(dependencies.has_dependencies(spec) for spec in specs):
+            dependent = dependent or dependencies.has_dependencies(spec)
+            keyed_items = keyed_items or keyed.is_keyed(spec)
+        if dependent:
             return self._enqueue_dependent(specs, conn, trace_context)
-        if any(keyed.is_keyed(spec) for spec in specs):
+        if keyed_items:
             return self._enqueue_keyed(specs, conn, trace_context)
         if len(specs) >= bulk.COPY_MIN_JOBS:
             with self._connection(conn) as c, c.transaction() if c.autocommit else nullcontext():
                 jobs = bulk.copy_jobs(c, self.schema, specs, trace_context)
-            return [EnqueueResult(job, created=True) for job in jobs]
+            return EnqueueResult.all_created(jobs)
         rows = [spec.params() for spec in specs]
         if trace_context is not None:
             for row in rows:
@@ -186,7 +190,7 @@ class ProducerMethods(QueueBase):
                     c.autocommit = False
             # Keyless rows always insert, in input order, so their ids follow it.
             inserted = sorted((Job.from_row(row) for row in cur.fetchall()), key=lambda j: j.id)
-            return [EnqueueResult(job, created=True) for job in inserted]
+            return EnqueueResult.all_created(inserted)
 
     def _enqueue_keyed(
         self, specs: list[JobSpec], conn: psycopg.Connection | None, trace_context: str | None
