@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -12,6 +12,14 @@ from pgqueue.dependencies import BatchItem, checked
 from pgqueue.errors import ValidationError
 from pgqueue.job import Job, JobState
 from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
+
+_QUEUED_JOB_FIELDS: dict[str, Any] = {
+    **dict.fromkeys(job_field.name for job_field in fields(Job)),
+    "state": JobState.QUEUED,
+    "attempts": 0,
+}
+"""Every field of a job just enqueued, in the order of Job's fields, with the values all
+such jobs share (None for the rest, which :meth:`JobSpec.queued_job` fills in)."""
 
 _NO_PAYLOAD: Any = object()
 """The default of ``JobSpec(payload=)``: an empty payload of the spec's own."""
@@ -120,34 +128,23 @@ class JobSpec:
         if loaded_payload is None:
             # As the table gives it back: the stored JSON text, loaded.
             loaded_payload = jsonb.load_json(self.payload_text.encode())
-        # Every field, each of its type: built without the frozen dataclass's __init__,
-        # which would cost more than the rest of a large enqueue's Python per job.
-        return Job.from_fields(
-            {
-                "id": job_id,
-                "queue": self.queue,
-                "task": self.task,
-                "payload": loaded_payload,
-                "priority": self.priority,
-                "state": JobState.QUEUED,
-                "run_at": run_at,
-                "attempts": 0,
-                "max_attempts": self.max_attempts,
-                "timeout_seconds": self.timeout_seconds,
-                "lease_token": None,
-                "lease_expires_at": None,
-                "worker_id": None,
-                "enqueued_at": enqueued_at,
-                "started_at": None,
-                "finished_at": None,
-                "last_error": None,
-                "errors": [],
-                "result": None,
-                "idempotency_key": self.idempotency_key,
-                "trace_context": None,
-                "unique_key": self.unique_key,
-            }
-        )
+        # Every field, each of its type, from a copy of the fields every new job shares:
+        # built without the frozen dataclass's __init__, which would cost more than the
+        # rest of a large enqueue's Python per job.
+        values = _QUEUED_JOB_FIELDS.copy()
+        values["id"] = job_id
+        values["queue"] = self.queue
+        values["task"] = self.task
+        values["payload"] = loaded_payload
+        values["priority"] = self.priority
+        values["run_at"] = run_at
+        values["max_attempts"] = self.max_attempts
+        values["timeout_seconds"] = self.timeout_seconds
+        values["enqueued_at"] = enqueued_at
+        values["errors"] = []
+        values["idempotency_key"] = self.idempotency_key
+        values["unique_key"] = self.unique_key
+        return Job.from_fields(values)
 
     def params(self) -> dict[str, Any]:
         """Statement parameters for ``job_insert`` and ``job_insert_many``."""
