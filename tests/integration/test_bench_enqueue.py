@@ -30,7 +30,13 @@ pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
 PGQUEUE = str(Path(sys.executable).parent / "pgqueue")
-ALWAYS_HERE = ("raw-insert-1", "raw-insert-16", "enqueue-1", "enqueue-16")
+ALWAYS_HERE = (
+    "raw-insert-1",
+    "raw-insert-16",
+    "enqueue-1",
+    "enqueue-1-own-connection",
+    "enqueue-16",
+)
 ALWAYS_HERE += ("raw-multirow", "raw-copy", "enqueue-many")
 HTTP = ("http-jobs", "http-batch")
 

@@ -11,7 +11,9 @@ fresh database:
   (``raw-insert-1``) and on ``--connections`` connections (16 unless told), a thread
   each (``raw-insert-16``); ``--batch-size`` rows per statement from arrays
   (``raw-multirow``) and per ``COPY`` (``raw-copy``);
-- pgqueue: ``Queue.enqueue`` on a pool of one connection (``enqueue-1``) and from
+- pgqueue: ``Queue.enqueue`` on a pool of one connection (``enqueue-1``), on an
+  autocommit connection of the producer's own passed as ``conn=``, so that no call
+  takes a connection from the pool (``enqueue-1-own-connection``), and from
   ``--connections`` threads on a pool as large (``enqueue-16``); ``Queue.enqueue_many``
   of ``--batch-size`` jobs per call (``enqueue-many``);
 - its HTTP API, ``pgqueue-api --workers 2``, driven by ``wrk`` (one thread,
@@ -85,6 +87,11 @@ CASES = (
     ),
     Case("enqueue-1", "", lambda s: "`Queue.enqueue`, one job per call, 1 connection"),
     Case(
+        "enqueue-1-own-connection",
+        "",
+        lambda s: "`Queue.enqueue(conn=)`, one job per call, the caller's autocommit connection",
+    ),
+    Case(
         "enqueue-16",
         "",
         lambda s: f"`Queue.enqueue`, one job per call, {s.connections} threads",
@@ -137,6 +144,9 @@ def run_case(name: str, url: str, settings: Settings, tools: Tools) -> dict[str,
         "raw-insert-1": lambda: raw_case(url, settings, producers=1, copy=False, batch=1),
         "raw-insert-16": lambda: raw_case(url, settings, producers=n, copy=False, batch=1),
         "enqueue-1": lambda: queue_case(url, settings, producers=1, batch=1),
+        "enqueue-1-own-connection": lambda: queue_case(
+            url, settings, producers=1, batch=1, own_connections=True
+        ),
         "enqueue-16": lambda: queue_case(url, settings, producers=n, batch=1),
         "raw-multirow": lambda: raw_case(url, settings, producers=1, copy=False, batch=batch),
         "raw-copy": lambda: raw_case(url, settings, producers=1, copy=True, batch=batch),

@@ -167,13 +167,16 @@ def _raw_copy(conn: psycopg.Connection, schema: str, batch: int) -> Callable[[],
     return copy_rows
 
 
-def _queue_enqueue(queue: Queue, batch: int) -> Callable[[], int]:
-    """``Queue.enqueue`` of one job per call, or ``enqueue_many`` of ``batch``."""
+def _queue_enqueue(
+    queue: Queue, batch: int, conn: psycopg.Connection | None = None
+) -> Callable[[], int]:
+    """``Queue.enqueue`` of one job per call (on ``conn`` when given), or
+    ``enqueue_many`` of ``batch``."""
     numbers = itertools.count()
     if batch == 1:
 
         def enqueue_one() -> int:
-            queue.enqueue(TASK, {"seq": next(numbers)}, queue=QUEUE_NAME)
+            queue.enqueue(TASK, {"seq": next(numbers)}, queue=QUEUE_NAME, conn=conn)
             return 1
 
         return enqueue_one
@@ -219,16 +222,27 @@ def raw_case(
         return outcome(timing, count_rows(url, sql.Identifier(schema, "plain_jobs")))
 
 
-def queue_case(url: str, settings: Settings, *, producers: int, batch: int) -> dict[str, Any]:
+def queue_case(
+    url: str, settings: Settings, *, producers: int, batch: int, own_connections: bool = False
+) -> dict[str, Any]:
     """Case ``enqueue-*``: ``producers`` threads on a pool as large, each calling
     ``Queue.enqueue`` (``batch`` 1) or ``Queue.enqueue_many`` of ``batch`` jobs, on a
-    fresh schema; the run's figures, verified against the jobs table."""
+    fresh schema; the run's figures, verified against the jobs table. With
+    ``own_connections``, each producer passes an autocommit connection of its own as
+    ``conn=``, and the pool is not used."""
     with (
         database.run_schema(url, SCHEMA_PREFIX) as schema,
         Queue.connect(url, schema=schema, min_size=producers, max_size=producers) as queue,
+        ExitStack() as stack,
     ):
+        connections: list[psycopg.Connection | None] = [
+            stack.enter_context(psycopg.connect(url, autocommit=True, connect_timeout=10))
+            if own_connections
+            else None
+            for _ in range(producers)
+        ]
         timing = run_producers(
-            [_queue_enqueue(queue, batch) for _ in range(producers)],
+            [_queue_enqueue(queue, batch, conn) for conn in connections],
             settings.seconds,
             settings.warmup,
             server_cpu_of(url),
