@@ -89,7 +89,7 @@ class JobSpec:
             validation.seconds("timeout_seconds", timeout_seconds, positive=True)
         # Written by hand, to fill the instance's dict in one update: the frozen
         # dataclass's generated __init__ sets each field through object.__setattr__,
-        # which cost a third of a spec, and large enqueues build thousands of specs.
+        # one call per field, and large enqueues build thousands of specs.
         # What the statements take is worked out (and so checked) now, not when the job
         # is enqueued.
         self.__dict__.update(
