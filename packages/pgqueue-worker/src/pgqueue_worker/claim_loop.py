@@ -148,7 +148,7 @@ class ClaimLoop:
         down_for = self._health.down_for(now)
         if down_for < give_up_after:
             return
-        cause = (self._health.cause or "database unavailable").removeprefix(
+        cause = (self._health.explain() or "database unavailable").removeprefix(
             "database unavailable: "
         )
         self.gave_up = f"database unavailable for {down_for:.0f} s, giving up: {cause}"

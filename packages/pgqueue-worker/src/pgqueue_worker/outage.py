@@ -61,6 +61,7 @@ class DatabaseHealth:
         self._seen_up = False
         self.cause: str | None = None
         """What the current (or last) outage is, in one line."""
+        self._cause_is_pool_timeout = False
         self.failures = 0
         """Database calls reported failed, ever (for the worker's metrics)."""
         self.outages = 0
@@ -89,21 +90,33 @@ class DatabaseHealth:
                 self._down_since = time.monotonic()
                 self.outages += 1
         description = _describe(error)
-        pool_timeout = isinstance(error.__cause__, psycopg_pool.PoolTimeout)
+        pool_timeout = _from_pool_timeout(error)
         if already_down:
             if not pool_timeout or self.cause is None:
                 self.cause = description
+                self._cause_is_pool_timeout = pool_timeout
             log.debug("%s (%s); still retrying", description, where)
             return
-        if pool_timeout and self._probe is not None:
-            description = self._probe() or description
-        self.cause = description
+        probed = self._probe() if pool_timeout and self._probe is not None else None
+        self.cause = probed or description
+        self._cause_is_pool_timeout = pool_timeout and not probed
         log.warning(
             "%s (%s); retrying with backoff up to %.0f s",
             description,
             where,
             MAX_BACKOFF_SECONDS,
         )
+
+    def explain(self) -> str | None:
+        """:attr:`cause`, or, when all that is known of the outage is the pool's timeout
+        (which names no cause: another thread may have reported it while the first
+        failure was being probed), the probe's answer now."""
+        if self._cause_is_pool_timeout and self._probe is not None:
+            probed = self._probe()
+            if probed:
+                self.cause = probed
+                self._cause_is_pool_timeout = False
+        return self.cause
 
     def succeeded(self) -> None:
         """A write went through (a read proves nothing: a read-only server answers
@@ -125,6 +138,18 @@ class DatabaseHealth:
             self._down_since = None
             self._seen_up = True
             return lasted
+
+
+def _from_pool_timeout(error: BaseException) -> bool:
+    """Whether ``error`` comes of psycopg_pool's timeout, however deeply wrapped."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, psycopg_pool.PoolTimeout):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return False
 
 
 def _describe(error: BaseException) -> str:
