@@ -301,15 +301,19 @@ class Queue(
         the pool asks it for each connection."""
         return connections.settings_of(self.pool)
 
-    def ping(self, timeout: float = 2.0) -> None:
+    def ping(self, timeout: float = 2.0, *, application_name: str | None = None) -> None:
         """Check that the database answers a query, on a connection of its own, so neither
         the pool's wait for a free connection nor a stale pooled connection gets in the way.
 
         Connecting gives up after ``timeout`` seconds (libpq's minimum is 2) per address
-        the host resolves to. Raises :class:`~pgqueue.errors.DatabaseUnavailable`."""
+        the host resolves to. The connection is named as the pool's are, or
+        ``application_name``, so that ``pg_stat_activity`` can tell a check apart from
+        the pool. Raises :class:`~pgqueue.errors.DatabaseUnavailable`."""
         try:
             with connections.connect_beside(
-                self.pool, connect_timeout=max(2, math.ceil(timeout))
+                self.pool,
+                application_name=application_name,
+                connect_timeout=max(2, math.ceil(timeout)),
             ) as conn:
                 conn.execute(self._sql("database_ping"))
         except psycopg.Error as exc:

@@ -3,7 +3,9 @@
 The claim loop and the reaper share the worker's pool (``pgqueue-worker``). The
 heartbeat has a pool of its own (``pgqueue-worker-heartbeat``), so however busy the
 main pool is, leases are always extended on time. LISTEN holds a dedicated session
-(``pgqueue-worker-listen``). The names show up in ``pg_stat_activity``, which is how an
+(``pgqueue-worker-listen``). When the pool keeps a call waiting past its timeout, which
+names no cause, a connection of a moment (``pgqueue-worker-probe``) asks the database
+whether it is there. The names show up in ``pg_stat_activity``, which is how an
 operator (or a test) tells a worker's connections apart. Each is built by
 :mod:`pgqueue.connections`, as every connection pgqueue opens is.
 """
@@ -18,6 +20,7 @@ from pgqueue import Queue, connections
 MAIN = "pgqueue-worker"
 HEARTBEAT = "pgqueue-worker-heartbeat"
 LISTEN = "pgqueue-worker-listen"
+PROBE = "pgqueue-worker-probe"
 
 
 def open_pool(

@@ -19,6 +19,7 @@ import psycopg_pool
 from pgqueue import DatabaseUnavailable, Queue
 from pgqueue.errors import error_line
 from pgqueue.queue_base import QueueBase
+from pgqueue_worker import connections
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -160,9 +161,11 @@ def _describe(error: BaseException) -> str:
 
 def why_unavailable(queue: Queue) -> str | None:
     """Connect to the queue's database on a connection of its own and say why that
-    fails (host, port, cause), or None if it works."""
+    fails (host, port, cause), or None if it works. The connection is named
+    ``pgqueue-worker-probe``: it lasts a moment, beside the worker's budget of held
+    connections, and ``pg_stat_activity`` should not count it in the pool's."""
     try:
-        queue.ping(timeout=2.0)
+        queue.ping(timeout=2.0, application_name=connections.PROBE)
     except DatabaseUnavailable as exc:
         return str(exc)
     return None
