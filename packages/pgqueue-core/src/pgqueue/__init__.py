@@ -30,10 +30,11 @@ from pgqueue.queue_control import UNSET, QueueInfo
 from pgqueue.queue_metrics import QueueStats
 from pgqueue.registry import UnservedTask, WorkerInfo, WorkerRegistration
 from pgqueue.task_handlers import TaskHandler, collect_tasks
-from pgqueue.worker_protocol import WorkerProtocol
+from pgqueue.worker_protocol import AckedClaim, WorkerProtocol
 
 __all__ = [
     "UNSET",
+    "AckedClaim",
     "AsyncProducer",
     "BatchItem",
     "DatabaseUnavailable",

@@ -89,10 +89,21 @@ class ClaimMethods(QueueBase):
         params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode, waiter)
         if params is None:
             return []
-        key = tuple(params["queues"])
-        plain = not self._queues_with_settings.get(key, True)
-        claimed = self._claim_once(params, mode)
-        if plain and self._queues_with_settings[key] and len(claimed) < limit:
+        plain = self._claims_plainly(params)
+        return self._claimed(params, mode, plain, self._claim_once(params, mode))
+
+    def _claims_plainly(self, params: Mapping[str, Any]) -> bool:
+        """Whether a claim of ``params`` will send the plain claim statement (see
+        :meth:`_send_claim`): to be asked before it is sent."""
+        return not self._queues_with_settings.get(tuple(params["queues"]), True)
+
+    def _claimed(
+        self, params: dict[str, Any], mode: str, plain: bool, claimed: list[Job]
+    ) -> list[Job]:
+        """The jobs a claim of ``params`` gives its caller, from what its statement
+        ``claimed`` (sent plain or not, as ``plain`` says)."""
+        limit = params["limit"]
+        if plain and self._queues_with_settings[tuple(params["queues"])] and len(claimed) < limit:
             # A queue got settings since the last claim, and the plain claim took
             # nothing from it: claim again, now with the limited statement, so that the
             # caller is not told "no more jobs" (a worker would wait for a notification

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import functools
+from collections.abc import Callable, Collection, Iterable
+from typing import TYPE_CHECKING, Any
 
-from pgqueue.claiming import ClaimMethods
-from pgqueue.outcomes import OutcomeMethods
+from pgqueue.claiming import ClaimMethods, Waiter, _claim_params
+from pgqueue.job import Job
+from pgqueue.outcomes import OutcomeBatch, OutcomeMethods, _outcome_rows
+from pgqueue.queue_base import send_commit
+from pgqueue.settings import DEFAULT_LEASE_SECONDS
 
 if TYPE_CHECKING:
     from pgqueue.queue import Queue
@@ -36,3 +41,81 @@ class WorkerProtocol(ClaimMethods, OutcomeMethods):
         self._queues_with_settings = {}
         """Per list of queues claimed together, whether one of them had settings at the
         last claim (see ClaimMethods._send_claim)."""
+
+    def ack_and_claim(
+        self,
+        successes: Iterable[tuple[Job, Any]],
+        queues: Collection[str],
+        tasks: Collection[str],
+        limit: int = 1,
+        *,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+        worker_id: str | None = None,
+        mode: str = "skip-locked",
+        waiter: Waiter | None = None,
+    ) -> AckedClaim:
+        """Acknowledge ``successes`` (each a ``(job, result)``, as :meth:`ack_many`) and
+        claim up to ``limit`` jobs (as :meth:`claim`) in one transaction: one round trip
+        and one commit, where the two calls take two of each. A worker that has nothing
+        running waits for its next job's claim anyway; its finished jobs' acks can ride
+        along instead of costing a commit of their own.
+
+        Both happen, or neither (the caller then still holds the leases, and writes the
+        acks again). The acks' lifecycle hooks (``on_success``, or ``on_fail`` for a
+        result that could not be stored) run when the caller settles them with
+        :meth:`AckedClaim.settle`, so that it can start the claimed jobs first.
+
+        A result that cannot be stored makes its attempt a failed one, which may have
+        dependents to cancel: such a batch is written first, in a transaction of its
+        own, then the claim.
+        """
+        rows = _outcome_rows(successes, (), self.max_result_bytes)
+        params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode, waiter)
+        if params is None or not rows or any(row.error is not None for row in rows):
+            cancelled: list[Job] = []
+            if rows:
+                with self._connection() as conn:
+                    written, cancelled = self._write_outcomes(conn, rows, commit=True)
+                settle = functools.partial(self._settle, rows, written, cancelled)
+            else:
+                settle = functools.partial(OutcomeBatch, [], [], [])
+            jobs = (
+                []
+                if params is None
+                else self._claimed(
+                    params, mode, self._claims_plainly(params), self._claim_once(params, mode)
+                )
+            )
+            return AckedClaim(jobs, settle)
+        plain = self._claims_plainly(params)
+        with self._connection() as conn:
+            # One pipeline, the COMMIT in it: a worker cut off after sending never
+            # leaves its transaction open, holding the rows (see _write_outcomes).
+            with conn.pipeline():
+                read_outcomes = self._send_outcomes(conn, rows)
+                read_claim = self._send_claim(conn, params, mode)
+                send_commit(conn)
+            written = read_outcomes()
+            claimed = read_claim()
+        settle = functools.partial(self._settle, rows, written, [])
+        return AckedClaim(self._claimed(params, mode, plain, claimed), settle)
+
+
+class AckedClaim:
+    """What :meth:`WorkerProtocol.ack_and_claim` committed: the jobs it claimed, and the
+    acks, which :meth:`settle` reports."""
+
+    __slots__ = ("_batch", "_settle", "jobs")
+
+    def __init__(self, jobs: list[Job], settle: Callable[[], OutcomeBatch]) -> None:
+        self.jobs = jobs
+        """The jobs claimed, each under a fresh lease, in claim order."""
+        self._settle = settle
+        self._batch: OutcomeBatch | None = None
+
+    def settle(self) -> OutcomeBatch:
+        """What the acks wrote (succeeded, failed, or refused for a lost lease), their
+        hooks run on the first call, in the calling thread."""
+        if self._batch is None:
+            self._batch = self._settle()
+        return self._batch

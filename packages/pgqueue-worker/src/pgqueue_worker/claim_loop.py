@@ -25,7 +25,7 @@ from pgqueue_worker.executor import Executor
 from pgqueue_worker.handover import Handover
 from pgqueue_worker.in_flight import InFlightAttempts
 from pgqueue_worker.outage import DatabaseHealth, discard_broken_connections
-from pgqueue_worker.outcomes import OutcomeWriter
+from pgqueue_worker.outcomes import Outcome, OutcomeWriter
 from pgqueue_worker.slots import SlotKind
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ class ClaimLoop:
         self.gave_up: str | None = None
         """Why the loop stopped on its own, the database unavailable too long."""
         self._protocol: WorkerProtocol  # the one serve() is given, once it runs
+        self._writer: OutcomeWriter  # likewise
 
     def stop(self) -> None:
         """Stop claiming, and return from :meth:`serve` once every outcome is written
@@ -94,6 +95,7 @@ class ClaimLoop:
         """Run until stopped; True when every claimed job's outcome was written or
         discarded, False when the shutdown timeout left jobs to their leases."""
         self._protocol = protocol
+        self._writer = writer
         stop_deadline: float | None = None
         claim_policy = self.claim_policy
         in_flight = self.in_flight
@@ -226,20 +228,33 @@ class ClaimLoop:
 
     def _write_and_claim(self, claimer: Claimer, writer: OutcomeWriter, now: float) -> None:
         """Hand the outcomes waiting to be written to the writer and, with room and
-        reason to, ask the claimer for more jobs."""
-        if self.in_flight.unsent:
-            writer.submit(self.in_flight.take_unsent())
-        claim = self.claim_policy.next_claim(
-            now, stopping=self._stop_requested, idle=self.busy == 0
-        )
+        reason to, ask the claimer for more jobs.
+
+        With nothing running, the next job waits for this claim anyway: the successes
+        go with it, one transaction for both (see :mod:`pgqueue_worker.claims`). While
+        handlers run, the writer's transaction overlaps with them and with the claim."""
+        idle = self.busy == 0
+        claim = self.claim_policy.next_claim(now, stopping=self._stop_requested, idle=idle)
+        outcomes = self.in_flight.take_unsent() if self.in_flight.unsent else []
+        acks: list[Outcome] = []
+        if claim is not None and idle:
+            acks = [outcome for outcome in outcomes if outcome.error is None]
+            if acks:
+                outcomes = [outcome for outcome in outcomes if outcome.error is not None]
+        if outcomes:
+            writer.submit(outcomes)
         if claim is not None:
             kind, limit = claim
-            claimer.request(limit, kind.tasks)
+            claimer.request(limit, kind.tasks, acks)
 
     def _take_in_claim(self, executor: Executor, claim: ClaimResult) -> None:
         """Start the jobs of a claim, and work out when to claim again."""
         kind = self.claim_policy.claim_returned()
         error = claim.error
+        if claim.unwritten:
+            # The claim's transaction failed with the acks it carried: the writer
+            # retries them (with backoff while the database is unavailable).
+            self._writer.submit(claim.unwritten)
         if error is not None:
             if isinstance(error, DatabaseUnavailable):
                 self._counts["database_errors"] += 1

@@ -9,15 +9,24 @@ with the rest of the worker's work instead of stopping it.
 
 One claim at a time: the loop asks for the next once the last one's jobs are in hand,
 so it always knows how many jobs it holds.
+
+A claim may carry acks. When the worker has nothing running, its next job waits for
+the claim anyway, and the outcome writer's separate transaction would only add a
+commit per job: the finished jobs' successes go with the claim instead, in one
+transaction and one round trip (``WorkerProtocol.ack_and_claim``). The claimer hands
+over the claimed jobs first, then settles the acks (their ``on_success`` hooks run on
+its thread) and reports them as the writer does. If the transaction fails, neither
+happened: the result hands the acks back to the loop, for the writer to retry.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from pgqueue import Job, Waiter, WorkerProtocol
+from pgqueue import AckedClaim, Job, Waiter, WorkerProtocol
+from pgqueue_worker.outcomes import Outcome, WriteReport
 from pgqueue_worker.service import HandOffService
 
 log = logging.getLogger("pgqueue.worker")
@@ -34,6 +43,8 @@ class ClaimResult:
     """After a short claim only: seconds until the next queued job of the worker's tasks
     is runnable (zero or less: one is runnable but was locked), None when none is queued."""
     error: Exception | None = None
+    unwritten: list[Outcome] = field(default_factory=list)
+    """The acks the claim carried, when its transaction failed: for the writer now."""
 
 
 class Claimer(HandOffService):
@@ -54,6 +65,7 @@ class Claimer(HandOffService):
         worker_id: str,
         mode: str,
         on_claimed: Callable[[ClaimResult], None],
+        on_written: Callable[[WriteReport], None],
         waiter_seconds: float | None = None,
     ) -> None:
         super().__init__()
@@ -64,21 +76,26 @@ class Claimer(HandOffService):
         self.worker_id = worker_id
         self.mode = mode
         self.on_claimed = on_claimed
+        self.on_written = on_written
+        """Told what became of the acks a claim carried, as the outcome writer tells."""
         self.waiter_seconds = waiter_seconds
         """With a value (a worker that LISTENs), each claim says whether this worker
         waits for jobs, for that long (see :class:`pgqueue.Waiter`)."""
         self.waiters: dict[tuple[str, ...], Waiter] = {}
         """The waiter each set of tasks claimed for so far is known by."""
-        self._requested: tuple[int, list[str]] | None = None
+        self._requested: tuple[int, list[str], list[Outcome]] | None = None
 
-    def request(self, limit: int, tasks: Collection[str] | None = None) -> None:
+    def request(
+        self, limit: int, tasks: Collection[str] | None = None, acks: list[Outcome] | None = None
+    ) -> None:
         """Claim up to ``limit`` jobs of ``tasks`` (default: every task the claimer
-        serves); the result goes to ``on_claimed``. Only one claim may be asked for at
-        a time: ask again after its result arrived."""
+        serves), and write ``acks`` (successes) in the same transaction; the result goes
+        to ``on_claimed``, then what became of the acks to ``on_written``. Only one
+        claim may be asked for at a time: ask again after its result arrived."""
         with self._changed:
             if self._requested is not None:
                 raise RuntimeError("a claim is already in progress")
-            self._requested = (limit, self.tasks if tasks is None else list(tasks))
+            self._requested = (limit, self.tasks if tasks is None else list(tasks), acks or [])
             self._changed.notify()
 
     def _run(self) -> None:
@@ -88,11 +105,20 @@ class Claimer(HandOffService):
                     self._changed.wait()
                 if self._requested is None:
                     return
-                limit, tasks = self._requested
-            result = self._claim(limit, tasks)
+                limit, tasks, acks = self._requested
+            if acks:
+                result, settle = self._ack_and_claim(limit, tasks, acks)
+            else:
+                result, settle = self._claim(limit, tasks), None
             with self._changed:
                 self._requested = None
             self.on_claimed(result)
+            if settle is not None:
+                # After the claimed jobs are handed over: the acks' hooks run here, while
+                # the next job starts.
+                report = WriteReport()
+                report.add(acks, settle.settle())
+                self.on_written(report)
 
     def _waiter(self, tasks: list[str]) -> Waiter | None:
         """One waiter per set of tasks: a worker whose sync handlers are all busy may
@@ -117,6 +143,29 @@ class Claimer(HandOffService):
             )
         except Exception as exc:  # the claim loop decides what each failure means
             return ClaimResult(limit, [], error=exc)
+        return self._with_next_run(limit, tasks, jobs)
+
+    def _ack_and_claim(
+        self, limit: int, tasks: list[str], acks: list[Outcome]
+    ) -> tuple[ClaimResult, AckedClaim | None]:
+        try:
+            acked = self.protocol.ack_and_claim(
+                [(outcome.attempt.job, outcome.result) for outcome in acks],
+                self.queues,
+                tasks,
+                limit,
+                lease_seconds=self.lease_seconds,
+                worker_id=self.worker_id,
+                mode=self.mode,
+                waiter=self._waiter(tasks),
+            )
+        except Exception as exc:
+            return ClaimResult(limit, [], error=exc, unwritten=acks), None
+        return self._with_next_run(limit, tasks, acked.jobs), acked
+
+    def _with_next_run(self, limit: int, tasks: list[str], jobs: list[Job]) -> ClaimResult:
+        """The result of a claim that brought ``jobs``: when they are fewer than asked
+        for, with when the next queued job becomes runnable."""
         if len(jobs) == limit:
             return ClaimResult(limit, jobs)
         try:

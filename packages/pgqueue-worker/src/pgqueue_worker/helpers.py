@@ -87,6 +87,7 @@ class Helpers:
             worker_id=worker.worker_id,
             mode=worker.claim_mode,
             on_claimed=handover.claimed,
+            on_written=handover.outcomes_written,
             # Recorded as waiting for a little over two polls: each poll's claim renews it.
             waiter_seconds=2 * worker.poll_interval + 1.0 if worker.listen else None,
         )

@@ -6,6 +6,10 @@ are being started. Outcomes that finish while a batch is being written form the 
 batch, so a busy worker writes large batches and an idle one writes each outcome at
 once.
 
+A worker with nothing running does not use the writer for its successes: its next job
+waits for the next claim anyway, and the claimer sends them with it, in one transaction
+(see :mod:`pgqueue_worker.claims`).
+
 Each batch, successes and failures together, is written by one statement
 (``WorkerProtocol.finish_many``, which works out each failure's backoff). Every write is guarded
 by the attempt's lease token, so an outcome whose lease was lost meanwhile (cancelled, or
@@ -22,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from pgqueue import DatabaseUnavailable, Lease, WorkerProtocol
+from pgqueue import DatabaseUnavailable, Lease, OutcomeBatch, WorkerProtocol
 from pgqueue_worker.executor import Attempt
 from pgqueue_worker.outage import Backoff, DatabaseHealth, discard_broken_connections
 from pgqueue_worker.service import HandOffService
@@ -59,6 +63,19 @@ class WriteReport:
     """Refused: the lease had been lost before the outcome was written."""
     database_errors: int = 0
     """Tries refused by an unavailable database since the previous report."""
+
+    def add(self, batch: list[Outcome], written: OutcomeBatch) -> None:
+        """Sort the outcomes of ``batch``, which ``written`` says what became of."""
+        lost = set(written.lost_leases)
+        # A result the database cannot store was recorded as a failed attempt instead.
+        failed = {job.id for job in written.failed}
+        for outcome in batch:
+            if outcome.lease in lost:
+                self.lost.append(outcome)
+            elif outcome.attempt.job.id in failed:
+                self.failed.append(outcome)
+            else:
+                self.acked.append(outcome)
 
 
 class OutcomeWriter(HandOffService):
@@ -136,14 +153,5 @@ class OutcomeWriter(HandOffService):
         )
         if self.on_statement is not None:
             self.on_statement(time.monotonic() - started)
-        lost = set(written.lost_leases)
-        # A result the database cannot store was recorded as a failed attempt instead.
-        failed = {job.id for job in written.failed}
-        for outcome in batch:
-            if outcome.lease in lost:
-                report.lost.append(outcome)
-            elif outcome.attempt.job.id in failed:
-                report.failed.append(outcome)
-            else:
-                report.acked.append(outcome)
+        report.add(batch, written)
         batch.clear()
