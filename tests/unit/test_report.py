@@ -223,6 +223,31 @@ def test_the_throughput_section_names_runs_shorter_than_a_second():
     assert "The shortest run lasted 0.62 s." in text
 
 
+def test_the_throughput_section_compares_one_job_per_claim_with_the_naive_loop():
+    document = _throughput(600.0, 580.0)
+    for run in document["runs"]:
+        run.update(client_cpu_us_per_job=1000.0, server_cpu_us_per_job=800.0)
+    document["runs"] += [
+        {
+            "mode": "naive-loop",
+            "workers": workers,
+            "jobs_per_second": rate,
+            "seconds": 5000 / rate,
+            "client_cpu_us_per_job": 450.0,
+            "server_cpu_us_per_job": 1200.5,
+        }
+        for workers, rate in ((1, 480.0), (2, 750.0))
+    ]
+    text = "\n".join(report.throughput_section(document))
+    assert "by processes: 1.25x at 1, 0.80x at 2." in text
+    assert "| 1 | 1,000 / 800 | 1,000 / 800 | 450 / 1,200 |" in text
+
+
+def test_the_throughput_section_has_no_naive_loop_line_without_its_runs():
+    text = "\n".join(report.throughput_section(_throughput(400.0, 380.0)))
+    assert "naive loop" not in text and "CPU per job" not in text
+
+
 def test_the_model_table_has_a_row_per_version_newest_first(tmp_path: Path):
     run = {"seconds": 900.4, "examples": 310, "steps": 15021, "invariant_checks": 30354}
     document = {

@@ -6,7 +6,6 @@ INSERT, arrays per INSERT, COPY) and pgqueue's ``Queue.enqueue`` and
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import threading
@@ -32,7 +31,7 @@ from pgqueue_bench.enqueue_settings import (
     Settings,
 )
 from pgqueue_bench.queries import schema_statement_in
-from pgqueue_bench.server_cpu import ServerCpu, local_postmaster_pid, postgres_cpu_seconds
+from pgqueue_bench.server_cpu import ServerCpu, server_cpu_of
 
 # -- producers in threads -------------------------------------------------------------
 
@@ -112,14 +111,6 @@ def run_producers(
         client_cpu_seconds=client_cpu,
         server_cpu_seconds=server_seconds,
     )
-
-
-def server_cpu_of(url: str) -> ServerCpu | None:
-    """The reader of the CPU time of the server at ``url``, when it runs on this machine."""
-    postmaster = local_postmaster_pid(url)
-    if postmaster is None:
-        return None
-    return functools.partial(postgres_cpu_seconds, postmaster)
 
 
 def _payloads(numbers: Iterator[int], count: int) -> list[dict[str, int]]:

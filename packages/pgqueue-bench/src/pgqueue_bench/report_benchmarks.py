@@ -54,6 +54,8 @@ def throughput_section(document: dict[str, Any]) -> list[str]:
                 "same rows, which this machine does not reach.",
                 "",
             ]
+    lines_ratio += _against_naive_loop(grid)
+    lines_ratio += _cpu_per_job(document["runs"], modes)
     short_runs = [
         run["seconds"] for run in document["runs"] if run.get("seconds") and run["seconds"] < 1
     ]
@@ -83,6 +85,56 @@ def throughput_section(document: dict[str, Any]) -> list[str]:
             "",
         ]
     return lines
+
+
+def _against_naive_loop(grid: dict[Any, dict[str, list[float]]]) -> list[str]:
+    """One job per claim (``skip-locked``) against the original design's naive loop."""
+    compared = {
+        workers: statistics.median(row["skip-locked"]) / statistics.median(row["naive-loop"])
+        for workers, row in sorted(grid.items())
+        if row.get("skip-locked") and row.get("naive-loop")
+    }
+    if not compared:
+        return []
+    ratios = ", ".join(f"{ratio:.2f}x at {workers}" for workers, ratio in compared.items())
+    return [
+        "One job per claim (`skip-locked`) against the original design's naive loop "
+        "(`naive-loop`: its table, claim and ack, one job at a time, nothing else), by "
+        f"processes: {ratios}. A pgqueue worker commits a job's ack with its next claim, "
+        "one commit per job where the loop makes two, and runs the job on a thread of its "
+        "own beside a heartbeat, a reaper and a listener, which cost CPU per job (below).",
+        "",
+    ]
+
+
+def _cpu_per_job(runs: list[dict[str, Any]], modes: list[str]) -> list[str]:
+    """Median CPU per job, the worker processes' and the server's, by mode and workers."""
+    grid: dict[int, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    for run in runs:
+        clients, server = run.get("client_cpu_us_per_job"), run.get("server_cpu_us_per_job")
+        if clients is not None and server is not None and run.get("verified", True):
+            grid[run["workers"]][run["mode"]].append((clients, server))
+    if not grid:
+        return []
+
+    def cell(values: list[tuple[float, float]]) -> str:
+        if not values:
+            return "-"
+        clients = statistics.median(value[0] for value in values)
+        server = statistics.median(value[1] for value in values)
+        return f"{clients:,.0f} / {server:,.0f}"
+
+    rows = [
+        [str(workers), *(cell(grid[workers][mode]) for mode in modes)] for workers in sorted(grid)
+    ]
+    return [
+        "CPU per job in µs, the worker processes' together / the server's (median), from "
+        "the load to the last job's finish. On two shared cores, a rate that the cores "
+        "bound is the inverse of their sum:",
+        "",
+        *table(["workers", *modes], rows),
+        "",
+    ]
 
 
 def latency_section(document: dict[str, Any]) -> list[str]:

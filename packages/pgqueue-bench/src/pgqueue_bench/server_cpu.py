@@ -9,7 +9,9 @@ else ran at the time.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import psutil
 import psycopg
@@ -32,6 +34,45 @@ def postgres_cpu_seconds(postmaster_pid: int) -> float:
             times = child.cpu_times()
             total += times.user + times.system
     return total
+
+
+def server_cpu_of(url: str) -> ServerCpu | None:
+    """The reader of the CPU time of the server at ``url``, when it runs on this machine."""
+    postmaster = local_postmaster_pid(url)
+    if postmaster is None:
+        return None
+    return functools.partial(postgres_cpu_seconds, postmaster)
+
+
+def processes_cpu_seconds(pids: Iterable[int]) -> float:
+    """CPU seconds used so far by the processes ``pids`` (those that have exited count
+    nothing): a benchmark's client processes."""
+    total = 0.0
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            times = psutil.Process(pid).cpu_times()
+            total += times.user + times.system
+    return total
+
+
+class CpuSpent(NamedTuple):
+    """CPU seconds used so far, or between two readings: by a benchmark's client
+    processes, and by the server (None when it runs on another machine)."""
+
+    clients: float
+    server: float | None
+
+    @classmethod
+    def now(cls, pids: Iterable[int], server_cpu: ServerCpu | None) -> CpuSpent:
+        """A reading of ``pids`` and of the server ``server_cpu`` reads."""
+        return cls(processes_cpu_seconds(pids), None if server_cpu is None else server_cpu())
+
+    def since(self, earlier: CpuSpent) -> CpuSpent:
+        """What was spent from ``earlier`` to this reading."""
+        server = (
+            None if self.server is None or earlier.server is None else self.server - earlier.server
+        )
+        return CpuSpent(self.clients - earlier.clients, server)
 
 
 def local_postmaster_pid(url: str) -> int | None:

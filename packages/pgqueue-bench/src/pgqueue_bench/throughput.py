@@ -13,11 +13,14 @@ measured in turn within each repeat, so a machine that slows down during the
 benchmark slows every mode alike; the summary gives the median, min and max per mode
 and worker count, and each mode's speed-up over the ``skip-locked`` baseline.
 
-Three modes: the worker's default (many jobs per claim, batched acks), and two with
-one job per claim (``--concurrency 1 --prefetch 0``), as in the original design: ``skip-locked``
-claims with ``FOR UPDATE SKIP LOCKED``, ``for-update`` with a plain ``FOR UPDATE``,
-under which concurrent claimers queue behind each other's row locks. Worker counts go
-from 1 to 32 processes; past the machine's core count they measure contention.
+Three modes of ``pgqueue worker``: its default (many jobs per claim, batched acks), and
+two with one job per claim (``--concurrency 1 --prefetch 0``), as in the original
+design: ``skip-locked`` claims with ``FOR UPDATE SKIP LOCKED``, ``for-update`` with a
+plain ``FOR UPDATE``, under which concurrent claimers queue behind each other's row
+locks. A fourth, ``naive-loop``, is what one job per claim is measured against: the
+original design's table, claim and ack in a loop with nothing else around it
+(:mod:`pgqueue_bench.naive_loop`). Worker counts go from 1 to 32 processes; past the
+machine's core count they measure contention.
 
 32 worker processes need about 100 connections, more than a default server allows;
 ``--private-server`` runs on a private cluster of the same PostgreSQL version with
@@ -39,11 +42,13 @@ import click
 import psycopg
 
 from pgqueue import Job, JobSpec, JobState, Queue
-from pgqueue_bench import database, environment, handlers, observe, results
+from pgqueue_bench import database, environment, handlers, naive_loop, observe, results
 from pgqueue_bench.binaries import binaries_for
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.naive_loop import DrainTimes
 from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.progress import LiveLine
+from pgqueue_bench.server_cpu import CpuSpent, server_cpu_of
 from pgqueue_bench.servers import PrivateServer
 
 QUEUE_NAME = "bench_throughput"
@@ -59,6 +64,9 @@ MODES: dict[str, dict[str, Any]] = {
     # ...or waiting for them: the comparison that shows what SKIP LOCKED buys.
     "for-update": {"concurrency": 1, "prefetch": 0, "claim_mode": "for-update"},
 }
+# Not a pgqueue worker: the original design's loop, on its own table.
+NAIVE_LOOP_MODE = "naive-loop"
+ALL_MODES = (*MODES, NAIVE_LOOP_MODE)
 WORKER_COUNTS = (1, 2, 4, 8, 16, 32)
 QUICK_WORKER_COUNTS = (1, 2, 4)
 
@@ -128,20 +136,76 @@ def _load(url: str, queue: Queue, jobs: int) -> set[int]:
     return ids
 
 
-def measure(jobs: list[Job]) -> dict[str, Any]:
-    """Rate and verification of one run from its jobs' database timestamps."""
-    first_attempt_successes = [
-        job for job in jobs if job.state is JobState.SUCCEEDED and job.attempts == 1
-    ]
+def measure(jobs: list[Job], cpu: CpuSpent | None = None) -> dict[str, Any]:
+    """Rate and verification of one run from its jobs' database timestamps, and its CPU
+    per job if ``cpu`` says what the drain took."""
     started = [job.started_at for job in jobs if job.started_at is not None]
     finished = [job.finished_at for job in jobs if job.finished_at is not None]
-    seconds = (max(finished) - min(started)).total_seconds() if started and finished else None
+    return rate_of(
+        DrainTimes(
+            jobs=len(jobs),
+            first_attempt_successes=sum(
+                1 for job in jobs if job.state is JobState.SUCCEEDED and job.attempts == 1
+            ),
+            first_started=min(started, default=None),
+            last_finished=max(finished, default=None),
+            cpu=cpu,
+        )
+    )
+
+
+def rate_of(times: DrainTimes) -> dict[str, Any]:
+    """Rate and verification of one run: its jobs over the time from the first start to
+    the last finish; verified when every job succeeded at its first attempt."""
+    seconds = (
+        (times.last_finished - times.first_started).total_seconds()
+        if times.first_started and times.last_finished
+        else None
+    )
+    cpu = times.cpu
     return {
-        "jobs": len(jobs),
+        "jobs": times.jobs,
         "seconds": seconds,
-        "jobs_per_second": len(jobs) / seconds if seconds else None,
-        "verified": bool(jobs) and len(first_attempt_successes) == len(jobs),
-        "not_first_attempt_successes": len(jobs) - len(first_attempt_successes),
+        "jobs_per_second": times.jobs / seconds if seconds else None,
+        "verified": times.jobs > 0 and times.first_attempt_successes == times.jobs,
+        "not_first_attempt_successes": times.jobs - times.first_attempt_successes,
+        # CPU per job of the worker processes together, and of the server, from the
+        # load until the last job finished: where a rate is bound by two shared cores,
+        # it says what each side costs.
+        "client_cpu_us_per_job": _per_job(None if cpu is None else cpu.clients, times.jobs),
+        "server_cpu_us_per_job": _per_job(None if cpu is None else cpu.server, times.jobs),
+    }
+
+
+def _per_job(seconds: float | None, jobs: int) -> float | None:
+    return None if seconds is None or not jobs else seconds / jobs * 1e6
+
+
+def run_naive_loop(
+    url: str,
+    scenario: ThroughputScenario,
+    workers: int,
+    *,
+    log_dir: Path,
+    progress: LiveLine | None = None,
+    label: str = "throughput",
+) -> dict[str, Any]:
+    """One measurement of the original design's loop, ``workers`` processes."""
+    times = naive_loop.run_naive_loop(
+        url,
+        QUEUE_NAME,
+        scenario.jobs,
+        workers,
+        timeout=scenario.timeout,
+        log_dir=log_dir,
+        progress=progress or LiveLine(),
+        label=label,
+    )
+    return {
+        "mode": NAIVE_LOOP_MODE,
+        "workers": workers,
+        "worker_arguments": ["python", "-m", naive_loop.__name__],
+        **rate_of(times),
     }
 
 
@@ -166,6 +230,9 @@ def run_throughput(
         progress.update(f"{label}: starting {workers} workers", force=True)
         warmups = _warm_up(queue, workers, scenario.timeout, progress, label)
         progress.update(f"{label}: loading {scenario.jobs} jobs", force=True)
+        server_cpu = server_cpu_of(url)
+        pids = [process.pid for process in fleet.processes]
+        cpu_before = CpuSpent.now(pids, server_cpu)
         measured = _load(url, queue, scenario.jobs)
         total = warmups + len(measured)
 
@@ -177,13 +244,14 @@ def run_throughput(
             return observe.finished(counts) >= total
 
         observe.wait_for(drained, scenario.timeout, interval=0.25, what="the measured jobs")
+        cpu = CpuSpent.now(pids, server_cpu).since(cpu_before)
         progress.clear()
         jobs = [job for job in observe.all_jobs(queue) if job.id in measured]
     return {
         "mode": mode,
         "workers": workers,
         "worker_arguments": settings.arguments(),
-        **measure(jobs),
+        **measure(jobs, cpu),
     }
 
 
@@ -243,9 +311,10 @@ def _private_target(like_url: str | None) -> database.Target:
 @click.option(
     "--mode",
     "modes",
-    type=click.Choice(list(MODES)),
+    type=click.Choice(ALL_MODES),
     multiple=True,
-    help="Worker configuration (repeatable). Default: all.",
+    help="Worker configuration, or naive-loop for the original design's loop "
+    "(repeatable). Default: all.",
 )
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--quick", is_flag=True, help="2000 jobs, one run each, 1, 2 and 4 workers.")
@@ -280,23 +349,34 @@ def throughput_command(
         _private_target(database_url) if private_server else database.resolve_target(database_url)
     )
     scenario = ThroughputScenario(jobs=jobs)
-    modes = modes or tuple(MODES)
+    modes = modes or ALL_MODES
     worker_counts = worker_counts or (QUICK_WORKER_COUNTS if quick else WORKER_COUNTS)
     runs = []
     with LiveLine() as progress:
         for repeat in range(repeats):
             for workers in worker_counts:
                 for mode in modes:
+                    label = f"throughput {mode} x{workers}, run {repeat + 1}/{repeats}"
                     with tempfile.TemporaryDirectory(prefix="pgqueue-throughput-") as log_dir:
-                        run = run_throughput(
-                            target.url,
-                            scenario,
-                            mode,
-                            workers,
-                            log_dir=Path(log_dir),
-                            progress=progress,
-                            label=f"throughput {mode} x{workers}, run {repeat + 1}/{repeats}",
-                        )
+                        if mode == NAIVE_LOOP_MODE:
+                            run = run_naive_loop(
+                                target.url,
+                                scenario,
+                                workers,
+                                log_dir=Path(log_dir),
+                                progress=progress,
+                                label=label,
+                            )
+                        else:
+                            run = run_throughput(
+                                target.url,
+                                scenario,
+                                mode,
+                                workers,
+                                log_dir=Path(log_dir),
+                                progress=progress,
+                                label=label,
+                            )
                     runs.append({"repeat": repeat + 1, **run})
                     progress.log(_describe_run(run))
     summary = summarize_runs(runs)
@@ -312,7 +392,10 @@ def throughput_command(
         **asdict(scenario),
         "repeats": repeats,
         "workers": list(worker_counts),
-        "modes": {mode: MODES[mode] for mode in modes},
+        "modes": {
+            mode: MODES.get(mode, "the original design's claim and ack, one job per loop")
+            for mode in modes
+        },
         "worker_log_arguments": list(WORKER_LOG_ARGUMENTS),
         "rate": "jobs / (last finished_at - first started_at), database clock",
     }
