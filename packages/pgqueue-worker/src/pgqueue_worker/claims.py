@@ -24,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import Any
 
 from pgqueue import AckedClaim, Job, Waiter, WorkerProtocol
 from pgqueue_worker.outcomes import Outcome, WriteReport
@@ -106,10 +107,7 @@ class Claimer(HandOffService):
                 if self._requested is None:
                     return
                 limit, tasks, acks = self._requested
-            if acks:
-                result, settle = self._ack_and_claim(limit, tasks, acks)
-            else:
-                result, settle = self._claim(limit, tasks), None
+            result, settle = self._claim(limit, tasks, acks)
             with self._changed:
                 self._requested = None
             self.on_claimed(result)
@@ -130,38 +128,27 @@ class Claimer(HandOffService):
             self.waiters[key] = Waiter(f"{self.worker_id}/{len(self.waiters)}", self.waiter_seconds)
         return self.waiters[key]
 
-    def _claim(self, limit: int, tasks: list[str]) -> ClaimResult:
-        try:
-            jobs = self.protocol.claim(
-                self.queues,
-                tasks,
-                limit,
-                lease_seconds=self.lease_seconds,
-                worker_id=self.worker_id,
-                mode=self.mode,
-                waiter=self._waiter(tasks),
-            )
-        except Exception as exc:  # the claim loop decides what each failure means
-            return ClaimResult(limit, [], error=exc)
-        return self._with_next_run(limit, tasks, jobs)
-
-    def _ack_and_claim(
+    def _claim(
         self, limit: int, tasks: list[str], acks: list[Outcome]
     ) -> tuple[ClaimResult, AckedClaim | None]:
+        """Claim, with ``acks`` in the same transaction if there are any."""
+        options: dict[str, Any] = {
+            "lease_seconds": self.lease_seconds,
+            "worker_id": self.worker_id,
+            "mode": self.mode,
+            "waiter": self._waiter(tasks),
+        }
+        acked = None
         try:
-            acked = self.protocol.ack_and_claim(
-                [(outcome.attempt.job, outcome.result) for outcome in acks],
-                self.queues,
-                tasks,
-                limit,
-                lease_seconds=self.lease_seconds,
-                worker_id=self.worker_id,
-                mode=self.mode,
-                waiter=self._waiter(tasks),
-            )
-        except Exception as exc:
+            if acks:
+                successes = [(outcome.attempt.job, outcome.result) for outcome in acks]
+                acked = self.protocol.ack_and_claim(successes, self.queues, tasks, limit, **options)
+                jobs = acked.jobs
+            else:
+                jobs = self.protocol.claim(self.queues, tasks, limit, **options)
+        except Exception as exc:  # the claim loop decides what each failure means
             return ClaimResult(limit, [], error=exc, unwritten=acks), None
-        return self._with_next_run(limit, tasks, acked.jobs), acked
+        return self._with_next_run(limit, tasks, jobs), acked
 
     def _with_next_run(self, limit: int, tasks: list[str], jobs: list[Job]) -> ClaimResult:
         """The result of a claim that brought ``jobs``: when they are fewer than asked
