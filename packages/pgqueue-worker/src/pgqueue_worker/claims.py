@@ -12,8 +12,9 @@ so it always knows how many jobs it holds.
 
 A claim may carry acks. When the worker has nothing running, its next job waits for
 the claim anyway, and the outcome writer's separate transaction would only add a
-commit per job: the finished jobs' successes go with the claim instead, in one
-transaction and one round trip (``WorkerProtocol.ack_and_claim``). The claimer hands
+commit per job: a lone success goes with the claim instead, in one transaction and
+one round trip (``WorkerProtocol.ack_and_claim``; a batch still goes to the writer,
+see ``ClaimLoop._write_and_claim``). The claimer hands
 over the claimed jobs first, then settles the acks (their ``on_success`` hooks run on
 its thread) and reports them as the writer does. If the transaction fails, neither
 happened: the result hands the acks back to the loop, for the writer to retry.

@@ -6,9 +6,9 @@ are being started. Outcomes that finish while a batch is being written form the 
 batch, so a busy worker writes large batches and an idle one writes each outcome at
 once.
 
-A worker with nothing running does not use the writer for its successes: its next job
-waits for the next claim anyway, and the claimer sends them with it, in one transaction
-(see :mod:`pgqueue_worker.claims`).
+A worker with nothing running does not use the writer for a lone success: its next
+job waits for the next claim anyway, and the claimer sends it with it, in one
+transaction (see :mod:`pgqueue_worker.claims`).
 
 Each batch, successes and failures together, is written by one statement
 (``WorkerProtocol.finish_many``, which works out each failure's backoff). Every write is guarded
