@@ -42,8 +42,10 @@ def previous_release_commit() -> str:
         commit = pinned_commit()
         check_in_history(commit)
     except ReleaseUnavailable as exc:
-        pytest.fail(str(exc), pytrace=False)
-    return commit
+        problem = str(exc)
+    else:
+        return commit
+    pytest.fail(problem, pytrace=False)
 
 
 @pytest.fixture(scope="session")
@@ -52,8 +54,10 @@ def previous_release(previous_release_commit: str) -> Release:
     try:
         venv = installed_release(previous_release_commit)
     except ReleaseUnavailable as exc:
-        pytest.fail(str(exc), pytrace=False)
-    return Release(previous_release_commit, venv)
+        problem = str(exc)
+    else:
+        return Release(previous_release_commit, venv)
+    pytest.fail(problem, pytrace=False)
 
 
 @pytest.fixture
