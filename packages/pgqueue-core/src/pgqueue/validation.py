@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgqueue.errors import ValidationError
+from pgqueue.jsonb import UndecodableJson
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 NAME_MAX_LENGTH = 128
@@ -206,6 +207,8 @@ def payload(value: object) -> str:
     """A job payload: a JSON object, as jsonb text. Its size is checked on enqueue,
     against the limit of the Queue it goes through (:func:`within_limit`)."""
     if not isinstance(value, dict):
+        if isinstance(value, UndecodableJson):  # read from a row, as a schedule's is
+            raise ValidationError("payload", f"could not be decoded: {value.reason}")
         raise ValidationError("payload", "must be a JSON object")
     return jsonb_text("payload", value)
 
