@@ -228,3 +228,15 @@ def test_the_cli_shows_a_job_and_a_schedule_python_cannot_load(
     [schedule] = json.loads(run("schedules", "--json"))
     assert schedule["payload"].startswith('{"n": 1000')
     assert "bad" in run("schedules")
+
+
+@pytest.mark.parametrize(
+    "text", ['{"s": "\\ud800"}', '{"x": NaN}', '{"x": Infinity}', '{"s": "\\u0000"}']
+)
+def test_postgresql_itself_refuses_what_else_python_could_not_write_back(db, text: str):
+    """A lone UTF-16 surrogate, NaN and Infinity reach no jsonb column of a UTF-8
+    database (and NUL no text): a client that sends one gets an error from PostgreSQL,
+    so only the kinds above can be stored. pgqueue still loads each as undecodable
+    (tests/unit/test_jsonb.py), for values that come from elsewhere."""
+    with pytest.raises(psycopg.errors.DataError):
+        db.execute("SELECT %s::jsonb", (text,))
