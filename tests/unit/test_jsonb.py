@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from pgqueue.jsonb import UndecodableJson, load_json, load_json_texts
+from pgqueue.jsonb import MAX_DEPTH, UndecodableJson, load_json, load_json_texts
 
 TOO_DEEP = "[" * 100_000 + "]" * 100_000
 # PostgreSQL prints jsonb numbers in full, never with an exponent: 1e5000 comes back as
@@ -17,6 +17,11 @@ PAST_FLOAT_RANGE = '{"x": 1' + "0" * 400 + ".5}"
 
 UNDECODABLE = {
     "too deep": (TOO_DEEP, "nested more deeply"),
+    # Python loads it, but neither pgqueue nor the API's JSON encoder would write it.
+    "deeper than pgqueue stores": (
+        "[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1),
+        f"nested more than {MAX_DEPTH} levels deep",
+    ),
     "huge integer": (HUGE_INTEGER, "more than 4300 digits"),
     "past float range": (PAST_FLOAT_RANGE, "too large for a float"),
     "NaN": ('{"x": NaN}', "NaN is not a JSON number"),
@@ -78,3 +83,14 @@ def test_an_undecodable_value_copies_and_pickles_with_its_reason():
     for again in (copy.copy(value), copy.deepcopy(value), pickle.loads(pickle.dumps(value))):
         assert isinstance(again, UndecodableJson)
         assert (again, again.reason) == (value, value.reason)
+
+
+def test_as_deep_as_pgqueue_stores_and_wide_values_load():
+    deepest = "[" * MAX_DEPTH + "]" * MAX_DEPTH
+    wide = '{"rows": [' + ",".join(['{"n": [1]}'] * MAX_DEPTH * 2) + "]}"
+    for loaded in (load_json_texts([deepest, wide]), [load_json(deepest), load_json(wide)]):
+        assert not any(isinstance(value, UndecodableJson) for value in loaded)
+        assert loaded[1] == json.loads(wide)
+    # Many small values whose brackets add up past the limit all load.
+    many = [f'{{"n": [{n}]}}' for n in range(MAX_DEPTH * 2)]
+    assert load_json_texts(many) == [{"n": [n]} for n in range(MAX_DEPTH * 2)]

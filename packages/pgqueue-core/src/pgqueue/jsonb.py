@@ -13,9 +13,10 @@ be reaped again), an API page that cannot be rendered. Read through :func:`curso
 loaded with :func:`load_json`), such a value comes back as :class:`UndecodableJson`
 instead, and the rest of the row, and of the result, as usual.
 
-What does load is what PostgreSQL holds and can hold again: never NaN or Infinity, and
-no string that UTF-8 cannot encode (a lone UTF-16 surrogate), so that every value read
-can be written out again as JSON, by the API or into a jsonb column.
+What does load is what pgqueue itself would store, so that every value read can be
+written out again as JSON, by the API or into a jsonb column: never NaN or Infinity, no
+string that UTF-8 cannot encode (a lone UTF-16 surrogate), and nothing nested deeper
+than MAX_DEPTH.
 """
 
 from __future__ import annotations
@@ -30,6 +31,13 @@ from typing import Any, Literal, NoReturn, overload
 import psycopg
 from psycopg.rows import dict_row, tuple_row
 from psycopg.types.json import JsonbBinaryLoader, JsonbLoader
+
+MAX_DEPTH = 200
+"""How deeply pgqueue nests the lists and objects of a payload or result, at most: deeper
+ones are refused on enqueue and ack (:mod:`pgqueue.validation`), and a stored one
+(written around pgqueue) is read as undecodable. Far more than any real document, and
+far less than what the API's JSON encoder writes (254 levels) or Python's recursion
+limit, which a handler decoding it has."""
 
 
 class UndecodableJson(str):
@@ -79,10 +87,36 @@ _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 def _decode(text: str) -> Any:
     """``text`` loaded; raises RecursionError, ValueError or _Refused when it cannot be."""
-    value = _DECODER.decode(text)
+    return _checked(text, _DECODER.decode(text))
+
+
+def _checked(text: str, value: Any) -> Any:
+    """``value``, loaded from ``text``, unless it is what pgqueue would not store; the
+    text tells at C speed when there is no need to walk the value to know."""
     if "\\u" in text and _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
         raise _Refused("a string holds a lone UTF-16 surrogate, which UTF-8 cannot encode")
+    if text.count("{") + text.count("[") > MAX_DEPTH and _nests_deeper(value, MAX_DEPTH):
+        raise _Refused(f"JSON nested more than {MAX_DEPTH} levels deep, deeper than pgqueue stores")
     return value
+
+
+def _checked_or_undecodable(text: str, value: Any) -> Any:
+    try:
+        return _checked(text, value)
+    except _Refused as exc:
+        return UndecodableJson(text, str(exc))
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether ``value`` nests more than ``limit`` lists and objects."""
+    pending = [(value, 1)] if isinstance(value, (dict, list)) else []
+    while pending:
+        item, depth = pending.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        pending.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
 
 
 def _has_lone_surrogate(value: Any) -> bool:
@@ -135,13 +169,25 @@ def load_json_texts(texts: Sequence[str | None]) -> list[Any]:
 
     A claim reads hundreds of payloads at once. Parsing them as one JSON array costs a
     fraction of a parse per value; only when that fails (one value cannot be loaded) is
-    each value loaded on its own, so that the others still load.
+    each value loaded on its own, so that the others still load. Likewise, what
+    :func:`load_json` looks for in a value's text is looked for in all of them at once,
+    and only the values whose text may hold it are checked.
     """
     present = [text for text in texts if text is not None]
+    joined = ",".join(present)
     try:
-        loaded = iter(_decode("[" + ",".join(present) + "]"))
+        values = _DECODER.decode("[" + joined + "]")
     except (RecursionError, ValueError):
-        loaded = iter([load_json(text) for text in present])
+        values = [load_json(text) for text in present]
+    else:
+        if "\\u" in joined:
+            values = [_checked_or_undecodable(t, v) for t, v in zip(present, values, strict=True)]
+        elif max(map(len, present), default=0) > 2 * MAX_DEPTH:
+            # Only a text of more than MAX_DEPTH brackets can nest deeper.
+            for i, text in enumerate(present):
+                if len(text) > 2 * MAX_DEPTH:
+                    values[i] = _checked_or_undecodable(text, values[i])
+    loaded = iter(values)
     return [None if text is None else next(loaded) for text in texts]
 
 
