@@ -19,6 +19,8 @@ POISON = {
     "huge integer": HUGE,
     "too deep": '{"deep": ' + "[" * 1500 + "]" * 1500 + "}",
     "past float range": '{"x": 1' + "0" * 400 + ".5}",  # Infinity, as a Python float
+    # Python loads it; pydantic's encoder stops at 254 levels, pgqueue at 200.
+    "deeper than pgqueue stores": '{"deep": ' + "[" * 300 + "]" * 300 + "}",
 }
 
 

@@ -214,6 +214,11 @@ POISON = {
     "too deep": (f'{{"deep": {TOO_DEEP}}}', "JSON nested more deeply than Python can decode"),
     # A float past its range, which Python would read as Infinity.
     "past float range": ('{"x": 1' + "0" * 400 + ".5}", "a number too large for a float"),
+    # Python loads it, but pgqueue never stores one (nor could the API write it back).
+    "deeper than pgqueue stores": (
+        f'{{"deep": {"[" * 300 + "]" * 300}}}',
+        "JSON nested more than 200 levels deep",
+    ),
 }
 
 

@@ -31,6 +31,11 @@ POISON = {
     "too deep": ('{"deep": ' + "[" * 1500 + "]" * 1500 + "}", "nested more deeply"),
     # A float past its range, which Python would read as Infinity.
     "past float range": ('{"x": 1' + "0" * 400 + ".5}", "too large for a float"),
+    # Python loads it, but pgqueue never stores one (nor could the API write it back).
+    "deeper than pgqueue stores": (
+        '{"deep": ' + "[" * 300 + "]" * 300 + "}",
+        "nested more than 200 levels deep",
+    ),
 }
 
 
