@@ -64,6 +64,11 @@ FAULTS: dict[str, str] = {
     "09-undecodable-payloads": (
         "payloads a handler rejects, and JSON nested deeper than Python can decode"
     ),
+    "09-poison-rows-under-a-fleet": (
+        "rows Python cannot load (a 5,001-digit number, nesting past its recursion limit, a "
+        "number a float reads as Infinity) or pgqueue would not store (300 levels deep), "
+        "queued and held by vanished workers, among a fleet's jobs"
+    ),
     "10-server-timeouts": (
         "`statement_timeout`, `idle_in_transaction_session_timeout` (17+: "
         "`transaction_timeout`) of 1 s on the server"

@@ -70,6 +70,10 @@ VALUES ('default', %(task)s, %(payload)s::jsonb, 'running', %(attempts)s, %(max_
         gen_random_uuid(), now() - interval '1 second', 'vanished:1:0', now())
 RETURNING id;
 
+-- name: job_errors_raw
+-- A job's error history written around pgqueue: any jsonb at all.
+UPDATE {schema}.active_jobs SET errors = %(errors)s::jsonb WHERE id = %(id)s;
+
 -- name: job_expire_lease
 -- Moves a running job's lease into the past, as if its worker had stalled that long.
 UPDATE {schema}.active_jobs SET lease_expires_at = now() - interval '1 second'

@@ -205,6 +205,101 @@ def test_payloads_nobody_can_decode_end_dead_with_clear_errors_and_harm_no_other
     )
 
 
+# Each kind of row Python cannot load as PostgreSQL stores and prints it, with the reason
+# its failed attempts must give. PostgreSQL itself refuses the other kinds a client could
+# send (NaN, Infinity, a lone UTF-16 surrogate) in jsonb: tests/integration shows it.
+POISON = {
+    # Printed as 5,001 digits: past the 4,300 Python converts to an int.
+    "huge integer": ('{"n": 1e5000}', "a number with more than 4300 digits"),
+    "too deep": (f'{{"deep": {TOO_DEEP}}}', "JSON nested more deeply than Python can decode"),
+    # A float past its range, which Python would read as Infinity.
+    "past float range": ('{"x": 1' + "0" * 400 + ".5}", "a number too large for a float"),
+    # Python loads it, but pgqueue never stores one (nor could the API write it back).
+    "deeper than pgqueue stores": (
+        f'{{"deep": {"[" * 300 + "]" * 300}}}',
+        "JSON nested more than 200 levels deep",
+    ),
+}
+
+
+def _vanished_job(url: str, payload: str) -> int:
+    """A running job whose worker vanished on its first attempt: its lease expired."""
+    return fault_sql.run(
+        url,
+        "job_insert_raw_expired",
+        {"task": "fault_work", "payload": payload, "attempts": 1, "max_attempts": 3},
+        schema=SCHEMA,
+    )[0]["id"]
+
+
+def test_poison_rows_under_a_worker_fleet_fail_only_themselves(
+    server_database: str, record_figures, tmp_path: Path
+) -> None:
+    """Rows of every kind Python cannot load, queued before and during the run and held
+    by workers that vanished, among a producer's jobs for three worker processes. Each
+    poison job fails its three attempts with its reason and ends dead; every other job
+    succeeds once; the reaper goes on reaping (a normal job whose worker vanished, with
+    an error history Python cannot load, is put back and succeeds)."""
+    url = server_database
+    prepare_schema(url)
+    poison: dict[str, int] = {}
+    for kind, (payload, _) in POISON.items():
+        poison[f"{kind}, queued"] = _raw_job(url, "fault_work", payload)
+        poison[f"{kind}, vanished"] = _vanished_job(url, payload)
+    rerun = _vanished_job(url, json.dumps({"ms": 10}))
+    fault_sql.run(
+        url, "job_errors_raw", {"id": rerun, "errors": '[{"attempt": 1e5000}]'}, schema=SCHEMA
+    )
+    vanished = [poison[f"{kind}, vanished"] for kind in POISON] + [rerun]
+    with FaultRun(url, tmp_path) as run:
+        workers = run.start_workers(3)
+        run.produce(300, batch=10)
+        run.wait_until_succeeded(100)
+        # More, mixed in with the producer's jobs while every worker is busy.
+        for kind, (payload, _) in POISON.items():
+            poison[f"{kind}, mid-run"] = _raw_job(url, "fault_work", payload)
+        run.wait_until_done(timeout=120)
+        jobs = {name: run.queue.get(job_id) for name, job_id in poison.items()}
+        rerun_job = run.queue.get(rerun)
+        stuck = run.queue.list(state="queued").jobs + run.queue.list(state="running").jobs
+        transitions = audit.transitions(url, SCHEMA)
+        logs = workers.logs()
+        verdict = run.verdict()
+
+    for name, job in jobs.items():
+        reason = POISON[name.split(",")[0]][1]
+        assert (job.state, job.attempts) == (JobState.DEAD, 3), (name, job)
+        assert job.last_error.startswith(f"payload could not be decoded: {reason}"), name
+        assert all(
+            entry["error"].startswith("payload could not be decoded") for entry in job.errors
+        )
+    # The reaper took back every expired lease: each vanished job's first attempt ended
+    # in the trail (failed, at attempt 1) before a worker of the fleet claimed it again.
+    reaped = {
+        row["job_id"]
+        for row in transitions
+        if row["job_id"] in vanished
+        and (row["from_state"], row["to_state"], row["attempts"]) == ("running", "queued", 1)
+    }
+    assert reaped == set(vanished)
+    assert rerun_job.state is JobState.SUCCEEDED
+    assert _wedged(logs) == [] and "Traceback" not in logs
+    assert stuck == []
+    assert verdict.broken_promises(also_enqueued=[*poison.values(), rerun]) == {}
+    assert verdict.lost == [] and verdict.duplicates == 0
+    assert verdict.states == {"succeeded": 301, "dead": len(poison)}
+    record_figures(
+        "09-poison-rows-under-a-fleet",
+        verdict.figures(
+            workers=3,
+            stuck=len(stuck),
+            poison_jobs=len(poison),
+            poison_dead=sum(job.state is JobState.DEAD for job in jobs.values()),
+            vanished_reaped=len(reaped),
+        ),
+    )
+
+
 def test_two_lives_of_a_worker_with_the_same_id_are_kept_apart_by_their_lease_tokens(
     server_database: str,
 ) -> None:

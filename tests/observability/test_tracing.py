@@ -252,3 +252,25 @@ def test_an_attempt_called_off_ends_its_span_in_error(spans: InMemorySpanExporte
     assert consumer.status.status_code is StatusCode.ERROR
     assert "called off" in consumer.status.description
     assert consumer.events == ()  # nothing raised
+
+
+@pytest.mark.parametrize(
+    "stored", ['{"traceparent": 1e5000}', '"not an object"'], ids=["undecodable", "not an object"]
+)
+def test_a_trace_context_that_cannot_be_read_leaves_the_attempt_untraced_by_its_producer(
+    spans: InMemorySpanExporter, queue: Queue, db, schema: str, stored: str
+):
+    """Written by another client or by hand: the job runs in a consumer span of its own
+    (no producer to link), as a job enqueued untraced does."""
+    job = queue.enqueue("ok", {"n": 1}).job
+    db.execute(
+        sql.SQL("UPDATE {}.active_jobs SET trace_context = %s WHERE id = %s").format(
+            sql.Identifier(schema)
+        ),
+        (stored, job.id),
+    )
+    assert Worker(queue, {"ok": lambda payload: payload}, burst=True).run()
+    done = queue.get(job.id)
+    assert (done.state, done.result) == (JobState.SUCCEEDED, {"n": 1})
+    [consumer] = by_kind(spans, SpanKind.CONSUMER)
+    assert consumer.links == () and consumer.status.status_code is StatusCode.UNSET

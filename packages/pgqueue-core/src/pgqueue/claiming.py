@@ -5,6 +5,7 @@ tell a worker when to claim again. Outcomes are in :mod:`pgqueue.outcomes`.
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -15,16 +16,16 @@ import psycopg
 import psycopg.errors
 
 from pgqueue import jsonb, queries, validation
-from pgqueue.errors import ValidationError
+from pgqueue.errors import ValidationError, error_line
 from pgqueue.job import Job, JobState, Lease
+from pgqueue.outcomes import OutcomeBatch, undecodable_payload_error
 from pgqueue.queue_base import QueueBase, send_commit
 from pgqueue.registry import NO_WORKER, WorkerRegistration
 from pgqueue.settings import DEFAULT_LEASE_SECONDS
 
-if TYPE_CHECKING:
-    from pgqueue.outcomes import OutcomeBatch
-
 CLAIM_MODES = tuple(queries.CLAIM_LOCKS)
+
+log = logging.getLogger("pgqueue.claims")
 
 
 class Waiter(NamedTuple):
@@ -50,6 +51,10 @@ class ClaimMethods(QueueBase):
     worker calls to get jobs and keep them."""
 
     _queues_with_settings: dict[tuple[str, ...], bool]
+    _unwritten_refusals: list[tuple[Job, str]]
+    """Claimed jobs whose payload could not be decoded, with their error, whose failed
+    attempt could not be written yet: the next claim writes it (see
+    :meth:`_refuse_undecodable`)."""
 
     if TYPE_CHECKING:
 
@@ -82,6 +87,13 @@ class ClaimMethods(QueueBase):
         job, a limited one no more than its concurrency and rate limits leave room for
         across every worker.
 
+        A claimed job whose payload Python cannot load (see :mod:`pgqueue.jsonb`) is
+        not returned: its attempt fails at once, with the reason as its error.
+
+        Once the claim has committed, its jobs are the caller's: what may follow it in
+        the same call (a second claim, the failure of such jobs) can fail without
+        losing them.
+
         Runs no hook: ``on_start`` belongs to whoever runs the handler, when it starts
         (the Worker does; a loop of your own may call
         ``queue.hooks.call("on_start", job=job)``).
@@ -101,14 +113,25 @@ class ClaimMethods(QueueBase):
         self, params: dict[str, Any], mode: str, plain: bool, claimed: list[Job]
     ) -> list[Job]:
         """The jobs a claim of ``params`` gives its caller, from what its statement
-        ``claimed`` (sent plain or not, as ``plain`` says)."""
+        ``claimed`` (sent plain or not, as ``plain`` says).
+
+        That statement has committed: the jobs are the caller's, whose leases nobody
+        else will write until they expire. So nothing here may raise: a statement that
+        follows and fails costs what it would have added, never the jobs claimed."""
         limit = params["limit"]
         if plain and self._queues_with_settings[tuple(params["queues"])] and len(claimed) < limit:
             # A queue got settings since the last claim, and the plain claim took
             # nothing from it: claim again, now with the limited statement, so that the
             # caller is not told "no more jobs" (a worker would wait for a notification
             # that was sent before it began to wait).
-            claimed += self._claim_once({**params, "limit": limit - len(claimed)}, mode)
+            try:
+                claimed += self._claim_once({**params, "limit": limit - len(claimed)}, mode)
+            except Exception as exc:
+                # The caller is told of fewer jobs, and the next claim, sent limited,
+                # takes the rest (a worker looks again: the jobs are due).
+                log.warning(
+                    "claim: the second claim, for queues with settings, failed: %s", error_line(exc)
+                )
         return self._refuse_undecodable(claimed)
 
     def _claim_once(self, params: dict[str, Any], mode: str) -> list[Job]:
@@ -209,19 +232,36 @@ class ClaimMethods(QueueBase):
     def _refuse_undecodable(self, claimed: list[Job]) -> list[Job]:
         """The claimed jobs a handler can be given. A payload Python could not load
         (:class:`~pgqueue.jsonb.UndecodableJson`) makes its attempt a failed one, with
-        the reason as its error, as an unstorable result does."""
+        the reason as its error, as an unstorable result does.
+
+        Never raises: when that failure cannot be written (the database went away since
+        the claim), the jobs are kept, under the leases this claim took, and written
+        with the next claim's; a lease that expires first is the reaper's, which
+        records the same reason."""
         runnable = []
-        undecodable = []
+        refused = []
         for job in claimed:
             # Typed as the dict it should be; a payload Python could not load arrives
             # as UndecodableJson in its place.
             payload: object = job.payload
             if isinstance(payload, jsonb.UndecodableJson):
-                undecodable.append((job, f"payload could not be decoded: {payload.reason}"))
+                refused.append((job, undecodable_payload_error(payload)))
             else:
                 runnable.append(job)
-        if undecodable:
-            self.finish_many((), undecodable)
+        # Taken before the write. Two claims at once on two threads may both take one:
+        # the second write then finds its lease gone, and refuses it as lost.
+        pending, self._unwritten_refusals = self._unwritten_refusals + refused, []
+        if pending:
+            try:
+                self.finish_many((), pending)
+            except Exception as exc:
+                log.warning(
+                    "claim: could not record the failed attempts of jobs %s, whose payload "
+                    "could not be decoded (the next claim tries again): %s",
+                    ", ".join(str(job.id) for job, _ in pending),
+                    error_line(exc),
+                )
+                self._unwritten_refusals = pending + self._unwritten_refusals
         return runnable
 
 

@@ -118,8 +118,12 @@ class OutcomeMethods(QueueBase):
         wrote, as if one statement had written it all, positions counted across them."""
         sent: list[tuple[int, psycopg.Cursor[Any]]] = []
         for offset, chunk in _chunks(rows):
-            cur = conn.cursor()
             params = _statement_params(chunk, self.retry_base, self.retry_cap)
+            # Failed attempts come back with their error history, which may hold what
+            # Python cannot load (written by hand): read through jsonb's loaders, it
+            # cannot fail the write. Successes return no jsonb, and skip the loaders'
+            # cost.
+            cur = conn.cursor() if params["errors"] is None else jsonb.cursor(conn, tuples=True)
             cur.execute(self._sql("job_finish_many"), params)
             sent.append((offset, cur))
 
@@ -205,15 +209,25 @@ class OutcomeMethods(QueueBase):
 
 
 def _expiry(row: dict[str, Any]) -> str:
-    """The error an expired attempt is recorded with: how long it ran, and whose it was."""
+    """The error an expired attempt is recorded with: how long it ran, and whose it was;
+    first, for a payload Python cannot load, that no handler could have run it (a claim
+    fails such an attempt at once, unless it could not write that failure)."""
     ran_for = cast(timedelta | None, row["ran_for"]) or timedelta(0)
     seconds = max(ran_for.total_seconds(), 0.0)
     hours, rest = divmod(seconds, 3600)
     minutes, rest = divmod(rest, 60)
-    return (
+    expired = (
         f"lease expired after {int(hours):02d}:{int(minutes):02d}:{rest:06.3f} "
         f"(worker {row['worker_id'] or 'unknown'} stopped heartbeating)"
     )
+    if isinstance(row["payload"], jsonb.UndecodableJson):
+        return f"{undecodable_payload_error(row['payload'])}; {expired}"
+    return expired
+
+
+def undecodable_payload_error(payload: jsonb.UndecodableJson) -> str:
+    """The error of an attempt whose payload Python could not load."""
+    return f"payload could not be decoded: {payload.reason}"
 
 
 class _OutcomeRow(NamedTuple):

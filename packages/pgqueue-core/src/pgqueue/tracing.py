@@ -168,7 +168,9 @@ def _called_off(job: Job, span: Any) -> None:
 @contextmanager
 def _consumer_span(job: Job) -> Iterator[Any]:
     producer = None
-    if job.trace_context:
+    # Anything else than the object pgqueue stores (text Python could not load, or a
+    # value another client wrote) names no producer: the attempt is traced on its own.
+    if job.trace_context and isinstance(job.trace_context, dict):
         producer = propagate.extract(job.trace_context)
     links = []
     if producer is not None:

@@ -15,6 +15,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from pgqueue.errors import ValidationError
+from pgqueue.jsonb import MAX_DEPTH, UndecodableJson
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:-]*$")
 NAME_MAX_LENGTH = 128
@@ -37,9 +38,6 @@ MAX_ATTEMPTS_LIMIT = 1000
 RUN_AT_MIN = datetime(1970, 1, 1, tzinfo=UTC)
 RUN_AT_MAX = datetime(9999, 1, 1, tzinfo=UTC)
 """Times outside this range cannot be read back into Python in every time zone."""
-MAX_DEPTH = 200
-"""How deeply a payload or result may nest lists and objects: far more than any real
-document, and far less than Python's recursion limit, which a handler decoding it has."""
 _JSONB_ENCODER = json.JSONEncoder(allow_nan=False, separators=(",", ":"))
 """The options of every payload and result's JSON text: compact, ASCII, no NaN."""
 
@@ -206,6 +204,8 @@ def payload(value: object) -> str:
     """A job payload: a JSON object, as jsonb text. Its size is checked on enqueue,
     against the limit of the Queue it goes through (:func:`within_limit`)."""
     if not isinstance(value, dict):
+        if isinstance(value, UndecodableJson):  # read from a row, as a schedule's is
+            raise ValidationError("payload", f"could not be decoded: {value.reason}")
         raise ValidationError("payload", "must be a JSON object")
     return jsonb_text("payload", value)
 

@@ -41,6 +41,9 @@ class WorkerProtocol(ClaimMethods, OutcomeMethods):
         self._queues_with_settings = {}
         """Per list of queues claimed together, whether one of them had settings at the
         last claim (see ClaimMethods._send_claim)."""
+        self._unwritten_refusals = []
+        """Failed attempts of claimed jobs whose payload could not be decoded, not
+        written yet (see ClaimMethods._refuse_undecodable)."""
 
     def ack_and_claim(
         self,
@@ -63,41 +66,47 @@ class WorkerProtocol(ClaimMethods, OutcomeMethods):
         Both happen, or neither (the caller then still holds the leases, and writes the
         acks again). The acks' lifecycle hooks (``on_success``, or ``on_fail`` for a
         result that could not be stored) run when the caller settles them with
-        :meth:`AckedClaim.settle`, so that it can start the claimed jobs first.
+        :meth:`AckedClaim.settle`, so that it can start the claimed jobs first. Once
+        the transaction has committed, nothing that follows in this call (see
+        :meth:`claim`) can fail it: the claimed jobs and the acks' settlement always
+        reach the caller.
 
         A result that cannot be stored makes its attempt a failed one, which may have
-        dependents to cancel: such a batch is written first, in a transaction of its
-        own, then the claim.
+        dependents to cancel before the commit: such a batch is written first, then the
+        claim is sent with the commit, still in one transaction.
         """
         rows = _outcome_rows(successes, (), self.max_result_bytes)
         params = _claim_params(queues, tasks, limit, lease_seconds, worker_id, mode, waiter)
-        if params is None or not rows or any(row.error is not None for row in rows):
-            cancelled: list[Job] = []
-            if rows:
-                with self._connection() as conn:
-                    written, cancelled = self._write_outcomes(conn, rows, commit=True)
-                settle = functools.partial(self._settle, rows, written, cancelled)
-            else:
-                settle = functools.partial(OutcomeBatch, [], [], [])
-            jobs = (
-                []
-                if params is None
-                else self._claimed(
-                    params, mode, self._claims_plainly(params), self._claim_once(params, mode)
-                )
-            )
-            return AckedClaim(jobs, settle)
+        if params is None:
+            # Nothing to claim: the acks alone.
+            if not rows:
+                return AckedClaim([], functools.partial(OutcomeBatch, [], [], []))
+            with self._connection() as conn:
+                written, ended = self._write_outcomes(conn, rows, commit=True)
+            return AckedClaim([], functools.partial(self._settle, rows, written, ended))
         plain = self._claims_plainly(params)
+        if not rows:
+            claimed = self._claimed(params, mode, plain, self._claim_once(params, mode))
+            return AckedClaim(claimed, functools.partial(OutcomeBatch, [], [], []))
         with self._connection() as conn:
-            # One pipeline, the COMMIT in it: a worker cut off after sending never
-            # leaves its transaction open, holding the rows (see _write_outcomes).
-            with conn.pipeline():
-                read_outcomes = self._send_outcomes(conn, rows)
-                read_claim = self._send_claim(conn, params, mode)
-                send_commit(conn)
-            written = read_outcomes()
+            cancelled: list[Job] = []
+            if any(row.error is not None for row in rows):
+                # The dependents of an attempt that ended dead are cancelled from what
+                # the write returned, before the commit: the write goes first.
+                written, cancelled = self._write_outcomes(conn, rows, commit=False)
+                with conn.pipeline():
+                    read_claim = self._send_claim(conn, params, mode)
+                    send_commit(conn)
+            else:
+                # One pipeline, the COMMIT in it: a worker cut off after sending never
+                # leaves its transaction open, holding the rows (see _write_outcomes).
+                with conn.pipeline():
+                    read_outcomes = self._send_outcomes(conn, rows)
+                    read_claim = self._send_claim(conn, params, mode)
+                    send_commit(conn)
+                written = read_outcomes()
             claimed = read_claim()
-        settle = functools.partial(self._settle, rows, written, [])
+        settle = functools.partial(self._settle, rows, written, cancelled)
         return AckedClaim(self._claimed(params, mode, plain, claimed), settle)
 
 

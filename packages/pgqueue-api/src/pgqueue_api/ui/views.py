@@ -11,6 +11,7 @@ from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from pgqueue import Job, JobState
+from pgqueue.jsonb import UndecodableJson
 from pgqueue.queue_metrics import FinishedMinute
 
 CHART_MINUTES = 60
@@ -133,14 +134,22 @@ class ShownJson:
     text: str
     total_chars: int
     truncated: bool
+    undecodable: str | None = None
+    """Why the stored value could not be decoded, when it could not: ``text`` is then
+    its text as stored."""
 
 
 def pretty_json(value: Any, limit: int = JSON_SHOWN_CHARS) -> ShownJson:
-    """``value`` indented for reading; the template escapes it."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    """``value`` indented for reading; the template escapes it. A value Python could
+    not load (written by another client, or by hand) is shown as it is stored."""
+    undecodable = value.reason if isinstance(value, UndecodableJson) else None
+    if undecodable is not None:
+        text = str(value)
+    else:
+        text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
     if len(text) <= limit:
-        return ShownJson(text, len(text), False)
-    return ShownJson(text[:limit], len(text), True)
+        return ShownJson(text, len(text), False, undecodable)
+    return ShownJson(text[:limit], len(text), True, undecodable)
 
 
 @dataclass
@@ -154,6 +163,16 @@ class Event:
     kind: str = "info"
 
 
+def _attempt_errors(job: Job) -> list[dict[str, Any]]:
+    """The entries of ``job``'s error history that are what pgqueue writes: a history
+    Python could not load, or entries another client wrote otherwise, are left to the
+    page's error history, which shows them as they are."""
+    history: object = job.errors
+    if not isinstance(history, list):
+        return []
+    return [entry for entry in history if isinstance(entry, dict)]
+
+
 def timeline(job: Job) -> list[Event]:
     """What happened to ``job``, in order: enqueued, due, each failed attempt (from its
     errors history), the latest attempt's start and how it ended."""
@@ -161,7 +180,7 @@ def timeline(job: Job) -> list[Event]:
     if job.run_at > job.enqueued_at + timedelta(seconds=1):
         # After a failed attempt, run_at is when the retry is due.
         events.append(Event(when(job.run_at), "retry due" if job.errors else "due to run"))
-    for error in job.errors:
+    for error in _attempt_errors(job):
         events.append(
             Event(
                 when(error.get("failed_at")),
