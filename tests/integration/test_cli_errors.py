@@ -119,7 +119,9 @@ def test_a_schema_made_by_another_pgqueue_names_the_migrations_it_does_not_know(
         f"Error: schema {schema!r} records migrations this version of pgqueue does not know "
         "(99 from_the_future)"
     ), line
-    assert f"DROP SCHEMA {schema} CASCADE" in line
+    # The way out during a rolling upgrade is the newer pgqueue, never dropping the jobs.
+    assert line.endswith("install that version (or a later one) here"), line
+    assert "DROP" not in line
 
 
 @pytest.mark.parametrize("command", [["status"], ["worker", "--burst"]], ids=" ".join)

@@ -155,9 +155,8 @@ def _check_known(recorded: dict[int, str], shipped: list[Migration], schema: str
     if unknown:
         raise UnknownSchemaVersion(
             f"schema {schema!r} records migrations this version of pgqueue does not know "
-            f"({', '.join(f'{v} {recorded[v]}' for v in unknown)}): it was made by a newer "
-            f"or a pre-release pgqueue; upgrade pgqueue, or drop the schema "
-            f"(DROP SCHEMA {schema} CASCADE loses its jobs) and migrate again"
+            f"({', '.join(f'{v} {recorded[v]}' for v in unknown)}): it was migrated by a "
+            f"newer pgqueue; install that version (or a later one) here"
         )
 
 
