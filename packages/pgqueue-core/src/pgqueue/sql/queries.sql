@@ -942,9 +942,14 @@ changed AS (
                                  ELSE setting.concurrency_limit END,
         rate_limit = CASE WHEN %(set_rate_limit)s THEN excluded.rate_limit
                           ELSE setting.rate_limit END,
-        -- A new rate starts from an empty bucket.
-        tokens = CASE WHEN %(set_rate_limit)s THEN 0 ELSE setting.tokens END,
-        tokens_at = CASE WHEN %(set_rate_limit)s THEN now() ELSE setting.tokens_at END,
+        -- A new rate starts from an empty bucket; the same rate given again keeps its
+        -- bucket (a client that sends every setting must not throttle the queue).
+        tokens = CASE WHEN %(set_rate_limit)s
+                           AND excluded.rate_limit IS DISTINCT FROM setting.rate_limit
+                      THEN 0 ELSE setting.tokens END,
+        tokens_at = CASE WHEN %(set_rate_limit)s
+                              AND excluded.rate_limit IS DISTINCT FROM setting.rate_limit
+                         THEN now() ELSE setting.tokens_at END,
         updated_at = now()
     RETURNING setting.queue, setting.paused, setting.concurrency_limit, setting.rate_limit
 ),
