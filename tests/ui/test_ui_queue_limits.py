@@ -140,7 +140,12 @@ def test_a_post_of_both_fields_alone_sets_both(
         csrf = limits_form(client.get("/ui").text, "images")["csrf_token"]
         answer = client.post(
             "/ui/queues/limits",
-            data={"csrf_token": csrf, "queue": "images", "concurrency_limit": "", "rate_limit": "7"},
+            data={
+                "csrf_token": csrf,
+                "queue": "images",
+                "concurrency_limit": "",
+                "rate_limit": "7",
+            },
         )
         assert answer.status_code == 303, answer.text
     row = settings_row(db, schema, "images")

@@ -1170,7 +1170,7 @@ SELECT pg_advisory_xact_lock(%(key)s),
 WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now)
 SELECT schedule.name, schedule.cron, schedule.timezone, schedule.task, schedule.queue,
        schedule.payload, schedule.priority, schedule.max_attempts, schedule.next_run_at,
-       clock.now
+       schedule.error, clock.now
 FROM {schema}.schedules AS schedule, clock
 WHERE schedule.enabled
   AND (schedule.next_run_at IS NULL OR schedule.next_run_at <= clock.now)
@@ -1179,15 +1179,17 @@ FOR UPDATE OF schedule;
 
 -- name: schedules_ran
 -- Moves each schedule on to its next tick, and records its run (a NULL job_id: the
--- tick had its job already, or next_run_at was only filled in).
+-- tick had its job already, or next_run_at was only filled in), or, with an error, why
+-- the round skipped it (its next_run_at is then when a round looks at it again).
 UPDATE {schema}.schedules AS schedule
 SET next_run_at = ran.next_run_at,
     last_run_at = CASE WHEN ran.job_id IS NULL THEN schedule.last_run_at ELSE ran.run_at END,
     last_tick_at = CASE WHEN ran.job_id IS NULL THEN schedule.last_tick_at ELSE ran.tick_at END,
-    last_job_id = coalesce(ran.job_id, schedule.last_job_id)
+    last_job_id = coalesce(ran.job_id, schedule.last_job_id),
+    error = ran.error
 FROM unnest(%(names)s::text[], %(next_run_ats)s::timestamptz[], %(run_ats)s::timestamptz[],
-            %(tick_ats)s::timestamptz[], %(job_ids)s::bigint[])
-     AS ran(name, next_run_at, run_at, tick_at, job_id)
+            %(tick_ats)s::timestamptz[], %(job_ids)s::bigint[], %(errors)s::text[])
+     AS ran(name, next_run_at, run_at, tick_at, job_id, error)
 WHERE schedule.name = ran.name;
 
 -- name: schedule_next_due
@@ -1221,12 +1223,13 @@ VALUES (%(name)s, %(cron)s, %(timezone)s, %(task)s, %(queue)s, %(payload)s::json
 
 -- name: schedule_redefine
 -- A declared schedule whose definition changed, or which was removed and is declared
--- again; the sync decides enabled, disabled_by and next_run_at.
+-- again; the sync decides enabled, disabled_by and next_run_at. A scheduler's error
+-- was about the old definition: the new one, checked by the sync, has none yet.
 UPDATE {schema}.schedules
 SET cron = %(cron)s, timezone = %(timezone)s, task = %(task)s, queue = %(queue)s,
     payload = %(payload)s::jsonb, priority = %(priority)s, max_attempts = %(max_attempts)s,
     source = %(source)s, enabled = %(enabled)s, disabled_by = %(disabled_by)s,
-    next_run_at = %(next_run_at)s, removed_at = NULL, updated_at = now()
+    next_run_at = %(next_run_at)s, removed_at = NULL, error = NULL, updated_at = now()
 WHERE name = %(name)s;
 
 -- name: schedule_remove

@@ -309,7 +309,11 @@ CREATE TABLE {schema}.schedules (
     last_tick_at timestamptz,                        -- the tick that job was for
     last_job_id  bigint,
     created_at   timestamptz NOT NULL DEFAULT now(),
-    updated_at   timestamptz NOT NULL DEFAULT now()
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    -- Why the scheduler skips the row, as the last round that looked at it found: a time
+    -- zone, cron expression or payload it cannot read (written by another version, or
+    -- by hand). next_run_at is then when a round looks at it again. NULL while it runs.
+    error        text
 );
 
 -- A job's error history with one more failed attempt, the last 20 kept, each error cut
