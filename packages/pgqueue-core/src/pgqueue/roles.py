@@ -78,6 +78,11 @@ _TABLE_GRANTS: dict[str, dict[str, list[str]]] = {
         PRODUCER: ["SELECT"],
         WORKER: ["INSERT", "UPDATE"],  # job_finish_many's histogram
     },
+    "pickup_buckets": {
+        # A cancel ends a running attempt, and counts its pickup wait (as
+        # job_finish_many does for the worker).
+        PRODUCER: ["SELECT", "INSERT", "UPDATE"],
+    },
     "queue_waiters": {
         PRODUCER: ["SELECT"],  # enqueues notify only queues with a live waiter
         # A claim replaces its rows (taken FOR UPDATE SKIP LOCKED); the reaper and a

@@ -597,6 +597,39 @@ timed AS (
     SET attempts = bucket.attempts + excluded.attempts,
         seconds = bucket.seconds + excluded.seconds
 ),
+begun AS (
+    -- The pickup wait of each failed attempt that goes back to queued, read before
+    -- retried moves its run_at on (this is the statement's snapshot; the token check
+    -- makes it the same attempt that retried writes). Only failures: the rare case.
+    SELECT outcome.position, job.queue,
+           {schema}.pickup_seconds(job.started_at, job.enqueued_at, job.run_at) AS seconds
+    FROM outcome
+    JOIN {schema}.active_jobs AS job ON job.id = outcome.id
+    WHERE outcome.error IS NOT NULL AND job.lease_token = outcome.token
+      AND job.state = 'running'
+),
+picked_up AS (
+    -- The pickup histogram (see pickup_buckets): every attempt this statement ended,
+    -- once, in the bucket of the smallest bound at or above its wait (as in timed).
+    INSERT INTO {schema}.pickup_buckets AS bucket (queue, le, slot, attempts, seconds)
+    SELECT queue, le[position + (position = 0 OR seconds > le[position])::int],
+           mod(pg_backend_pid(), 16), count(*), sum(seconds)
+    FROM (
+        SELECT queue, seconds, le, width_bucket(seconds, le) AS position
+        FROM (
+            SELECT queue, {schema}.pickup_seconds(started_at, enqueued_at, run_at) AS seconds
+            FROM ended
+            UNION ALL
+            SELECT begun.queue, begun.seconds FROM begun JOIN retried USING (position)
+        ) AS waited,
+        (SELECT {schema}.pickup_bounds() AS le) AS bounds
+    ) AS placed
+    GROUP BY 1, 2, 3
+    ORDER BY 1, 2, 3
+    ON CONFLICT (queue, le, slot) DO UPDATE
+    SET attempts = bucket.attempts + excluded.attempts,
+        seconds = bucket.seconds + excluded.seconds
+),
 failed AS (
     SELECT position, 'queued' AS state, run_at, errors, has_dependents, queue FROM retried
     UNION ALL
@@ -685,6 +718,25 @@ counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, cancelled)
     SELECT queue, mod(pg_backend_pid(), 16), 1 FROM cancelled
     ON CONFLICT (queue, slot) DO UPDATE SET cancelled = counter.cancelled + 1
+),
+picked_up AS (
+    -- A running job's attempt ends here: its pickup wait joins the histogram, as in
+    -- job_finish_many.
+    INSERT INTO {schema}.pickup_buckets AS bucket (queue, le, slot, attempts, seconds)
+    SELECT queue, le[position + (position = 0 OR seconds > le[position])::int],
+           mod(pg_backend_pid(), 16), 1, seconds
+    FROM (
+        SELECT queue, seconds, le, width_bucket(seconds, le) AS position
+        FROM (
+            SELECT queue, {schema}.pickup_seconds(started_at, enqueued_at, run_at) AS seconds
+            FROM cancelled
+            WHERE state = 'running'
+        ) AS waited,
+        (SELECT {schema}.pickup_bounds() AS le) AS bounds
+    ) AS placed
+    ON CONFLICT (queue, le, slot) DO UPDATE
+    SET attempts = bucket.attempts + excluded.attempts,
+        seconds = bucket.seconds + excluded.seconds
 )
 SELECT * FROM moved;
 
@@ -826,6 +878,43 @@ SELECT queue, task, bounds.le AS bounds,
 FROM summed CROSS JOIN bounds
 GROUP BY queue, task, bounds.le
 ORDER BY queue, task;
+
+-- name: pickup_histogram
+-- The pickup histogram per queue (see pickup_buckets): each bucket's attempts, not
+-- cumulative, in the order of the bounds, and the seconds of them all. The attempts
+-- that ended come from pickup_buckets (a few rows per queue, however much history is
+-- kept); the attempts running now from their rows, through the running jobs' index. In
+-- one statement, so one snapshot: an attempt that ends between two reads moves from
+-- one part to the other and is counted once in each.
+WITH bounds AS (
+    SELECT {schema}.pickup_bounds() AS le
+),
+running AS (
+    SELECT queue, {schema}.pickup_seconds(started_at, enqueued_at, run_at) AS seconds
+    FROM {schema}.active_jobs
+    WHERE state = 'running'
+),
+observed AS (
+    SELECT queue, le, attempts, seconds FROM {schema}.pickup_buckets
+    UNION ALL
+    SELECT queue, le[position + (position = 0 OR seconds > le[position])::int], 1, seconds
+    FROM (
+        SELECT queue, seconds, le, width_bucket(seconds, le) AS position
+        FROM running, bounds
+    ) AS placed
+),
+summed AS (
+    SELECT queue, le, sum(attempts) AS attempts, sum(seconds) AS seconds
+    FROM observed
+    GROUP BY queue, le
+)
+SELECT queue, bounds.le AS bounds,
+       array_agg(summed.attempts::bigint ORDER BY summed.le) AS attempts,
+       array_agg(summed.le ORDER BY summed.le) AS les,
+       sum(summed.seconds)::float8 AS seconds
+FROM summed CROSS JOIN bounds
+GROUP BY queue, bounds.le
+ORDER BY queue;
 
 -- name: jobs_unserved
 -- Per queue and task, the queued jobs that no live worker serves: no worker in the
