@@ -99,6 +99,10 @@ _TABLE_GRANTS: dict[str, dict[str, list[str]]] = {
         PRODUCER: ["SELECT"],
         WORKER: ["INSERT", "UPDATE", "DELETE"],
     },
+    "workers_kept_since": {
+        PRODUCER: ["SELECT"],  # --reject-unserved-tasks asks whether the registry is whole
+        WORKER: ["INSERT", "UPDATE"],  # the first register or beat after it was lost
+    },
     "schedules": {
         PRODUCER: ["SELECT"],
         # Sync inserts and redefines rows; runs lock and move them on. Never deleted.

@@ -488,6 +488,17 @@ seen AS (
     WHERE %(worker_id)s::text IS NOT NULL
     ON CONFLICT (id) DO UPDATE
     SET last_seen_at = excluded.last_seen_at, expires_at = excluded.expires_at
+),
+kept AS (
+    -- The first worker to beat after the registry was lost (see workers_kept_since)
+    -- says since when it is kept again; every other beat only reads that it is.
+    INSERT INTO {schema}.workers_kept_since AS kept (since, server_started)
+    SELECT now(), pg_postmaster_start_time()
+    WHERE %(worker_id)s::text IS NOT NULL
+      AND NOT EXISTS (SELECT FROM {schema}.workers_kept_since
+                      WHERE server_started = pg_postmaster_start_time())
+    ON CONFLICT (one) DO UPDATE
+    SET since = excluded.since, server_started = excluded.server_started
 )
 -- Lost: neither extended nor, as this statement's snapshot saw it, still ours and
 -- merely locked by someone else.
@@ -936,10 +947,24 @@ WHERE NOT EXISTS (
 ORDER BY queue, task;
 
 -- name: tasks_unserved
--- Of the (queue, task) pairs given, those no live worker serves (see jobs_unserved).
+-- Of the (queue, task) pairs given, those no live worker serves (see jobs_unserved); none
+-- while the registry may still lack live workers' rows. After it was lost (a crash, a
+-- failover: see workers_kept_since) or its rows expired while the server was down (a
+-- clean restart), a live worker writes its row again at its next beat: within its
+-- expiry, counted from the first write since. That is the longest expiry among the rows
+-- there are, and at least %(registry_window)s seconds, a worker's expiry by default.
+WITH registry AS (
+    SELECT kept.since <= now() - make_interval(secs => greatest(
+               %(registry_window)s,
+               (SELECT max(date_part('epoch', worker.expires_at - worker.last_seen_at))
+                FROM {schema}.workers AS worker))) AS complete
+    FROM {schema}.workers_kept_since AS kept
+    WHERE kept.server_started = pg_postmaster_start_time()
+)
 SELECT DISTINCT wanted.queue, wanted.task
 FROM unnest(%(queues)s::text[], %(tasks)s::text[]) AS wanted (queue, task)
-WHERE NOT EXISTS (
+WHERE EXISTS (SELECT FROM registry WHERE complete)
+  AND NOT EXISTS (
     SELECT FROM {schema}.workers AS worker
     WHERE worker.expires_at > now()
       AND wanted.queue = ANY(worker.queues)
@@ -949,7 +974,16 @@ ORDER BY wanted.queue, wanted.task;
 
 -- name: worker_register
 -- A worker that starts, or starts again under the same id: its row in the registry,
--- valid for %(worker_seconds)s unless a heartbeat renews it (see job_heartbeat_many).
+-- valid for %(worker_seconds)s unless a heartbeat renews it (see job_heartbeat_many),
+-- and, the first after the registry was lost, since when it is kept again (as there).
+WITH kept AS (
+    INSERT INTO {schema}.workers_kept_since AS kept (since, server_started)
+    SELECT now(), pg_postmaster_start_time()
+    WHERE NOT EXISTS (SELECT FROM {schema}.workers_kept_since
+                      WHERE server_started = pg_postmaster_start_time())
+    ON CONFLICT (one) DO UPDATE
+    SET since = excluded.since, server_started = excluded.server_started
+)
 INSERT INTO {schema}.workers AS worker
     (id, host, pid, version, queues, tasks, concurrency, started_at, last_seen_at,
      expires_at)

@@ -317,6 +317,24 @@ CREATE UNLOGGED TABLE {schema}.workers (
     expires_at   timestamptz NOT NULL
 );
 
+-- Since when this server has kept the worker registry: one row, written again by the
+-- first worker to register or beat after the registry was lost. Unlogged, as workers:
+-- whatever empties workers (crash recovery, a standby promoted) empties this too. A
+-- clean restart keeps both, with worker rows that expired while the server was down:
+-- server_started, the postmaster's start when the row was written, tells that row
+-- apart. Until every live worker has had time to write its row again, the registry
+-- cannot tell that no worker serves a task (see tasks_unserved), so the API's
+-- --reject-unserved-tasks refuses nothing. A new schema's registry is complete: no
+-- worker ever ran on it.
+CREATE UNLOGGED TABLE {schema}.workers_kept_since (
+    one            boolean PRIMARY KEY DEFAULT true CHECK (one),
+    since          timestamptz NOT NULL,
+    server_started timestamptz NOT NULL
+);
+
+INSERT INTO {schema}.workers_kept_since (since, server_started)
+VALUES ('-infinity', pg_postmaster_start_time());
+
 -- Periodic jobs (see pgqueue.schedules): one row per schedule a plugin declared,
 -- written by each worker's sync when it starts and by the operator's enable and
 -- disable. Rows are never deleted: a schedule its plugin no longer declares gets

@@ -1,7 +1,8 @@
 -- Version 7: the pickup histogram of /metrics (pickup_buckets, counted by the
--- statements that end attempts), and why the scheduler skips a schedule row it cannot
--- evaluate. See ../schema.sql for what each part is for; the statements that count
--- into pickup_buckets are in ../queries.sql.
+-- statements that end attempts), since when the worker registry has been kept (so
+-- that a registry emptied by a crash or a failover refuses no task), and why the
+-- scheduler skips a schedule row it cannot evaluate. See ../schema.sql for what each
+-- part is for; the statements that use them are in ../queries.sql.
 
 CREATE TABLE {schema}.pickup_buckets (
     queue    text NOT NULL,
@@ -24,5 +25,15 @@ CREATE FUNCTION {schema}.pickup_seconds(
 LANGUAGE sql IMMUTABLE AS $$
     SELECT greatest(0, date_part('epoch', started_at - greatest(enqueued_at, run_at)))
 $$;
+
+-- The registry of a schema being upgraded was kept until now.
+CREATE UNLOGGED TABLE {schema}.workers_kept_since (
+    one            boolean PRIMARY KEY DEFAULT true CHECK (one),
+    since          timestamptz NOT NULL,
+    server_started timestamptz NOT NULL
+);
+
+INSERT INTO {schema}.workers_kept_since (since, server_started)
+VALUES ('-infinity', pg_postmaster_start_time());
 
 ALTER TABLE {schema}.schedules ADD COLUMN error text;
