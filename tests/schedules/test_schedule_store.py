@@ -331,3 +331,24 @@ def test_a_sync_that_redefines_a_skipped_row_clears_its_error(
     info = rows(queue)["hourly"]
     assert (info.timezone, info.error) == ("UTC", None)
     assert info.next_run_at > database_now(db)
+
+
+def test_an_operator_who_enables_a_skipped_row_it_can_read_starts_it_at_its_next_tick(
+    queue: Queue, db: psycopg.Connection, schema: str
+) -> None:
+    """A row another worker's round skipped (it could not read it), which this version
+    reads: enabled (again), it runs from its next tick, not from when the scheduler
+    would have looked again."""
+    insert_row(db, schema, "older")
+    db.execute(
+        sql.SQL(
+            "UPDATE {}.schedules SET error = 'invalid cron expression', "
+            "next_run_at = now() + interval '37 seconds' WHERE name = 'older'"
+        ).format(sql.Identifier(schema))
+    )
+    info = queue.set_schedule_enabled("older", True)
+    assert info.error is None
+    assert (info.next_run_at.minute, info.next_run_at.second) == (0, 0)
+    set_due(db, schema, "older", info.next_run_at - timedelta(hours=1))
+    [run] = queue.run_due_schedules().runs
+    assert (run.schedule, run.created) == ("older", True)

@@ -107,7 +107,7 @@ _TABLE_GRANTS: dict[str, dict[str, list[str]]] = {
         PRODUCER: ["SELECT"],
         # Sync inserts and redefines rows; runs lock and move them on. Never deleted.
         WORKER: ["INSERT", "UPDATE"],
-        OPERATOR: ["UPDATE (enabled, disabled_by, next_run_at, updated_at)"],
+        OPERATOR: ["UPDATE (enabled, disabled_by, next_run_at, error, updated_at)"],
     },
     # Every command checks the schema's version before it starts.
     "migrations": {PRODUCER: ["SELECT"]},

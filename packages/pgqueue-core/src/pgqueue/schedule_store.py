@@ -118,7 +118,10 @@ class ScheduleMethods:
                 raise ScheduleNotFound(name)
             next_run_at = None
             if enabled:
-                next_run_at = row["next_run_at"] if row["enabled"] else None
+                # A skipped row's next_run_at is when the scheduler looks again, no tick:
+                # enabled by an operator whose pgqueue reads it, it starts afresh.
+                keep = row["enabled"] and row["error"] is None
+                next_run_at = row["next_run_at"] if keep else None
                 if next_run_at is None:
                     try:
                         next_run_at = next_tick(row["cron"], row["timezone"], row["now"])

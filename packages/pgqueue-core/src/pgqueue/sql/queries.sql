@@ -1367,10 +1367,13 @@ SET removed_at = now(),
 WHERE name = ANY(%(names)s::text[]);
 
 -- name: schedule_set_enabled
+-- Enabling starts from a tick the caller worked out, so a scheduler's error, about a
+-- row it could not read, no longer holds until a round looks again.
 UPDATE {schema}.schedules
 SET enabled = %(enabled)s,
     disabled_by = CASE WHEN %(enabled)s THEN NULL ELSE 'operator' END,
     next_run_at = %(next_run_at)s,
+    error = CASE WHEN %(enabled)s THEN NULL ELSE error END,
     updated_at = now()
 WHERE name = %(name)s
 RETURNING *;
