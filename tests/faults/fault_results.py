@@ -82,6 +82,11 @@ FAULTS: dict[str, str] = {
         "`patronictl failover --force` to the synchronous replica of a Patroni cluster; "
         "one multi-host URL with `target_session_attrs=read-write`"
     ),
+    "12-crash-reject-unserved": (
+        "PostgreSQL crash (`pg_ctl stop -m immediate`, start) while producers post to an API "
+        "started with `--reject-unserved-tasks`: its unlogged worker registry comes back "
+        "empty; a 422 (lost at the producer, which does not retry a 4xx) counts as lost"
+    ),
     "11-patroni-primary-killed": (
         "the Patroni primary's postmaster killed (SIGKILL), Patroni restarts it in place; "
         "one multi-host URL with `target_session_attrs=read-write`"

@@ -121,6 +121,28 @@ def test_a_slow_rate_still_starts_one_job_at_a_time(queue: Queue) -> None:
     assert 0.3 < protocol.next_run_in(["default"], ["t"]) <= 0.5
 
 
+def test_the_same_rate_given_again_keeps_its_bucket_and_a_new_one_empties_it(
+    queue: Queue, db: psycopg.Connection, schema: str
+) -> None:
+    protocol = WorkerProtocol(queue)
+    _enqueue(queue, 20)
+    queue.update_queue("default", rate_limit=100)  # a bucket of 10 jobs
+    # Three jobs' worth, and no refill before an hour from now.
+    filled = psycopg.sql.SQL(
+        "UPDATE {}.queue_settings SET tokens = 3, tokens_at = now() + interval '1 hour' "
+        "WHERE queue = 'default'"
+    ).format(psycopg.sql.Identifier(schema))
+    db.execute(filled)
+    # Set again, with another setting, as a client that sends all of them would.
+    queue.update_queue("default", concurrency_limit=10, rate_limit=100)
+    assert len(protocol.claim(["default"], ["t"], limit=10)) == 3
+
+    db.execute(filled)
+    # A new rate (one job per 500 s) starts from an empty bucket.
+    queue.update_queue("default", rate_limit=0.002)
+    assert protocol.claim(["default"], ["t"], limit=10) == []
+
+
 def test_settings_left_out_are_kept_and_none_removes_a_limit(queue: Queue) -> None:
     _enqueue(queue, 1)
     queue.update_queue("default", concurrency_limit=4, rate_limit=2.5)

@@ -151,3 +151,59 @@ def test_nothing_is_unserved_when_every_task_is_served(queue: Queue) -> None:
     assert queue.unserved() == [UnservedTask("default", "send", 2)]
     queue.register_worker(_worker("host:6:f", ["default"], ["send"]))
     assert queue.unserved() == []
+
+
+def _lose_unlogged_tables(db, schema: str) -> None:
+    """What crash recovery, or promoting a standby, does to the schema: every unlogged
+    table comes back empty."""
+    names = db.execute(
+        "SELECT c.relname FROM pg_class AS c JOIN pg_namespace AS n ON n.oid = c.relnamespace"
+        " WHERE n.nspname = %s AND c.relkind = 'r' AND c.relpersistence = 'u'",
+        (schema,),
+    ).fetchall()
+    assert ("workers",) in names
+    for (name,) in names:
+        db.execute(sql.SQL("TRUNCATE {}").format(sql.Identifier(schema, name)))
+
+
+def test_a_lost_registry_names_no_task_until_every_live_worker_could_write_again(
+    queue: Queue, db, schema: str
+) -> None:
+    me = _worker("host:6:f", ["default"], ["send"])
+    queue.register_worker(me)
+    assert queue.unserved_tasks([("default", "send"), ("default", "typo")]) == [("default", "typo")]
+
+    _lose_unlogged_tables(db, schema)
+    # Neither task can be said unserved: the worker has not had time to beat again.
+    assert queue.unserved_tasks([("default", "send"), ("default", "typo")]) == []
+    WorkerProtocol(queue).heartbeat([], worker=me)
+    assert queue.unserved_tasks([("default", "send"), ("default", "typo")]) == []
+
+    # A worker's expiry later (30 s by default), every live worker has written its row.
+    db.execute(
+        sql.SQL("UPDATE {} SET since = since - interval '31 seconds'").format(
+            sql.Identifier(schema, "workers_kept_since")
+        )
+    )
+    assert queue.unserved_tasks([("default", "send"), ("default", "typo")]) == [("default", "typo")]
+
+
+def test_the_wait_after_a_loss_is_the_longest_expiry_of_the_workers_back(
+    queue: Queue, db, schema: str
+) -> None:
+    _lose_unlogged_tables(db, schema)
+    slow = _worker("host:7:g", ["default"], ["send"], seconds=600.0)
+    queue.register_worker(slow)
+    db.execute(
+        sql.SQL("UPDATE {} SET since = since - interval '31 seconds'").format(
+            sql.Identifier(schema, "workers_kept_since")
+        )
+    )
+    # A worker that beats every 200 s may not be back yet.
+    assert queue.unserved_tasks([("default", "typo")]) == []
+    db.execute(
+        sql.SQL("UPDATE {} SET since = since - interval '600 seconds'").format(
+            sql.Identifier(schema, "workers_kept_since")
+        )
+    )
+    assert queue.unserved_tasks([("default", "typo")]) == [("default", "typo")]

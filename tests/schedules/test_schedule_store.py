@@ -14,7 +14,7 @@ from psycopg import sql
 
 from pgqueue import Queue
 from pgqueue.locks import advisory_key
-from pgqueue.schedules import Schedule, ScheduleNotFound, tick_key
+from pgqueue.schedules import Schedule, ScheduleError, ScheduleNotFound, tick_key
 
 PLUGIN = "plugin-a"
 
@@ -236,3 +236,119 @@ def test_rounds_racing_on_many_threads_enqueue_each_tick_once(
     assert all(run.created for run in runs)
     for i in range(5):
         assert len(scheduled_jobs(queue, f"s{i}")) == 1
+
+
+def insert_row(db: psycopg.Connection, schema: str, name: str, **columns: object) -> None:
+    """A schedule row written around pgqueue's sync (another version, or by hand)."""
+    values = {
+        "cron": "0 * * * *",
+        "timezone": "UTC",
+        "task": "tick",
+        "queue": "default",
+        "payload": "{}",
+        "priority": 0,
+        "source": "elsewhere",
+        **columns,
+    }
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {}.schedules (name, cron, timezone, task, queue, payload, priority, "
+            "source, next_run_at) VALUES (%s, %s, %s, %s, %s, %s::jsonb, %s, %s, now())"
+        ).format(sql.Identifier(schema)),
+        (name, *values.values()),
+    )
+
+
+def test_a_row_that_cannot_be_evaluated_is_skipped_until_it_can_and_logged_once(
+    queue: Queue, db: psycopg.Connection, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="pgqueue.schedules")
+    queue.sync_schedules(declared(hourly("good")), [PLUGIN])
+    tick = database_now(db).replace(minute=0, second=0, microsecond=0)
+    set_due(db, schema, "good", tick)
+    insert_row(db, schema, "mars", timezone="Mars/Olympus_Mons")
+    insert_row(db, schema, "listed", payload="[1, 2]")
+
+    done = queue.run_due_schedules()
+    # The good one ran; the others were skipped, each with its reason.
+    assert [(r.schedule, r.created) for r in done.runs] == [("good", True)]
+    found = rows(queue)
+    assert found["good"].error is None
+    assert found["mars"].error == "unknown time zone 'Mars/Olympus_Mons'"
+    assert found["listed"].error.startswith("payload")
+    now = database_now(db)
+    for name in ("mars", "listed"):
+        assert found[name].enabled
+        # Looked at again a minute later: not at every round.
+        assert timedelta(seconds=50) < found[name].next_run_at - now <= timedelta(seconds=60)
+    assert queue.run_due_schedules().runs == []
+    skipped = sorted(r.getMessage() for r in caplog.records if "skipped" in r.getMessage())
+    assert len(skipped) == 2
+    assert skipped[1].startswith("schedule mars skipped: unknown time zone 'Mars/Olympus_Mons'")
+
+    # Its time to be looked at again: the same reason is not logged again.
+    set_due(db, schema, "mars", database_now(db))
+    caplog.clear()
+    assert queue.run_due_schedules().runs == []
+    assert "mars" not in caplog.text
+    assert rows(queue)["mars"].error == "unknown time zone 'Mars/Olympus_Mons'"
+
+    # Fixed (or read by a worker that can): it runs from its next tick, with no run
+    # for the time it was skipped.
+    db.execute(
+        sql.SQL("UPDATE {}.schedules SET timezone = 'UTC' WHERE name = 'mars'").format(
+            sql.Identifier(schema)
+        )
+    )
+    set_due(db, schema, "mars", database_now(db))
+    assert queue.run_due_schedules().runs == []
+    mars = rows(queue)["mars"]
+    assert mars.error is None and mars.next_run_at.minute == 0
+    assert mars.next_run_at > database_now(db)
+    assert "schedule mars can run again" in caplog.text
+    assert scheduled_jobs(queue, "mars") == []
+
+
+def test_enabling_a_row_that_cannot_be_evaluated_says_why(
+    queue: Queue, db: psycopg.Connection, schema: str
+) -> None:
+    insert_row(db, schema, "mars", timezone="Mars/Olympus_Mons")
+    queue.set_schedule_enabled("mars", False)
+    with pytest.raises(
+        ScheduleError, match="schedule 'mars' cannot run: unknown time zone 'Mars/Olympus_Mons'"
+    ):
+        queue.set_schedule_enabled("mars", True)
+    assert not rows(queue)["mars"].enabled
+
+
+def test_a_sync_that_redefines_a_skipped_row_clears_its_error(
+    queue: Queue, db: psycopg.Connection, schema: str
+) -> None:
+    insert_row(db, schema, "hourly", timezone="Mars/Olympus_Mons", source=PLUGIN)
+    queue.run_due_schedules()
+    assert rows(queue)["hourly"].error is not None
+    queue.sync_schedules(declared(hourly()), [PLUGIN])
+    info = rows(queue)["hourly"]
+    assert (info.timezone, info.error) == ("UTC", None)
+    assert info.next_run_at > database_now(db)
+
+
+def test_an_operator_who_enables_a_skipped_row_it_can_read_starts_it_at_its_next_tick(
+    queue: Queue, db: psycopg.Connection, schema: str
+) -> None:
+    """A row another worker's round skipped (it could not read it), which this version
+    reads: enabled (again), it runs from its next tick, not from when the scheduler
+    would have looked again."""
+    insert_row(db, schema, "older")
+    db.execute(
+        sql.SQL(
+            "UPDATE {}.schedules SET error = 'invalid cron expression', "
+            "next_run_at = now() + interval '37 seconds' WHERE name = 'older'"
+        ).format(sql.Identifier(schema))
+    )
+    info = queue.set_schedule_enabled("older", True)
+    assert info.error is None
+    assert (info.next_run_at.minute, info.next_run_at.second) == (0, 0)
+    set_due(db, schema, "older", info.next_run_at - timedelta(hours=1))
+    [run] = queue.run_due_schedules().runs
+    assert (run.schedule, run.created) == ("older", True)

@@ -153,3 +153,23 @@ def test_the_schedule_routes_need_a_token_when_tokens_are_set(
         assert client.patch("/schedules/a", json={"enabled": False}).status_code == 401
         allowed = client.get("/schedules", headers={"Authorization": "Bearer s3cret"})
         assert allowed.status_code == 200
+
+
+def test_enabling_a_row_the_scheduler_cannot_read_is_refused_with_its_reason(
+    queue: Queue, api: httpx.Client, db: psycopg.Connection, database_url: str, schema: str
+) -> None:
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {}.schedules (name, cron, timezone, task, queue, payload, priority, "
+            "source, enabled, disabled_by) VALUES ('mars', '0 * * * *', 'Mars/Olympus_Mons', "
+            "'tick', 'default', '{{}}', 0, 'elsewhere', false, 'operator')"
+        ).format(sql.Identifier(schema))
+    )
+    reason = "schedule 'mars' cannot run: unknown time zone 'Mars/Olympus_Mons'"
+    refused = api.patch("/schedules/mars", json={"enabled": True})
+    assert (refused.status_code, refused.json()["detail"]) == (409, reason)
+
+    by_cli = run(database_url, schema, "schedule", "enable", "mars")
+    assert (by_cli.returncode, by_cli.stdout) == (1, "")
+    assert by_cli.stderr.strip() == f"Error: {reason}"
+    assert [info.enabled for info in queue.schedules()] == [False]

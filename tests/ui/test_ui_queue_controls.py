@@ -8,6 +8,7 @@ import time
 
 import pytest
 from playwright.sync_api import expect
+from psycopg import sql
 from ui_support import log_in
 
 from pgqueue import JobSpec, Queue
@@ -75,6 +76,37 @@ def test_limits_are_set_and_refused_values_explained(start_api, page, queue: Que
     expect(row.locator("input[name=concurrency_limit]")).to_have_value("")
     (stats,) = [s for s in queue.stats() if s.queue == "images"]
     assert (stats.concurrency_limit, stats.rate_limit) == (None, None)
+
+
+def test_changing_max_running_in_the_browser_leaves_the_rate_exact_and_its_bucket_full(
+    start_api, page, queue: Queue, db, schema: str
+):
+    api = start_api()
+    queue.enqueue("echo", {}, queue="images")
+    rate = 1 / 3
+    queue.update_queue("images", concurrency_limit=2, rate_limit=rate)
+    bucket = sql.SQL(
+        "UPDATE {}.queue_settings SET tokens = 0.25, tokens_at = now() - interval '1 hour' "
+        "WHERE queue = 'images' RETURNING tokens, tokens_at"
+    ).format(sql.Identifier(schema))
+    before = db.execute(bucket).fetchone()
+
+    log_in(page, api.url, "/ui")
+    row = page.locator('tr[data-queue="images"]')
+    expect(row.locator("input[name=rate_limit]")).to_have_value(repr(rate))
+    row.locator("input[name=concurrency_limit]").fill("5")
+    row.locator("button:has-text('Set')").click()
+    expect(row.locator("input[name=concurrency_limit]")).to_have_value("5")
+    expect(row.locator("input[name=rate_limit]")).to_have_value(repr(rate))
+
+    (stats,) = [s for s in queue.stats() if s.queue == "images"]
+    assert (stats.concurrency_limit, stats.rate_limit) == (5, rate)
+    after = db.execute(
+        sql.SQL("SELECT tokens, tokens_at FROM {}.queue_settings WHERE queue = 'images'").format(
+            sql.Identifier(schema)
+        )
+    ).fetchone()
+    assert after == before
 
 
 def test_disable_and_enable_a_schedule(start_api, page, shoot, queue: Queue):

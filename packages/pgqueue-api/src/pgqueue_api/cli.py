@@ -142,7 +142,8 @@ def _option(*names: str, envvar: str | list[str], **kwargs: Any) -> Callable[[_C
     envvar=api_settings.ENV_REJECT_UNSERVED_TASKS,
     is_flag=True,
     help="Refuse (422, naming the task) a job whose task no live worker serves in its "
-    "queue, as the worker registry shows it.",
+    "queue, as the worker registry shows it (none while the registry is refilling after "
+    "a crash, failover or restart).",
 )
 @_option(
     "--migrate",

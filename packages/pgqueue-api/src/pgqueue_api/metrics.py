@@ -87,21 +87,34 @@ def families(snapshot: MetricsSnapshot) -> list[Metric]:
     for histogram in snapshot.run_times:
         run_seconds.add_metric(
             [histogram.queue, histogram.task],
-            buckets=list(
-                zip(
-                    [floatToGoString(bound) for bound in histogram.bounds],
-                    accumulate(histogram.counts),
-                    strict=True,
-                )
-            ),
+            buckets=_cumulative(histogram.bounds, histogram.counts),
             sum_value=histogram.seconds,
+        )
+    pickup_seconds = HistogramMetricFamily(
+        "pgqueue_enqueue_to_start_seconds",
+        "How long attempts waited to start, by queue: from when the job became runnable "
+        "(the later of its enqueue and its run_at, which a retry moves) to its claim, on "
+        "the database clock; one observation per attempt started, by every worker.",
+        labels=["queue"],
+    )
+    for pickup in snapshot.pickup_times:
+        pickup_seconds.add_metric(
+            [pickup.queue],
+            buckets=_cumulative(pickup.bounds, pickup.counts),
+            sum_value=pickup.seconds,
         )
     for queue in snapshot.queues:
         for state in JobState:
             jobs.add_metric([queue.queue, state.value], queue.jobs[state.value])
         completed.add_metric([queue.queue], queue.completed)
         failures.add_metric([queue.queue], queue.failures)
-    return [jobs, completed, failures, unserved, oldest, run_seconds, workers]
+    return [jobs, completed, failures, unserved, oldest, run_seconds, pickup_seconds, workers]
+
+
+def _cumulative(bounds: list[float], counts: list[int]) -> list[tuple[str, float]]:
+    """A histogram's buckets as Prometheus writes them: each bound's ``le`` label with
+    the observations at or below it."""
+    return list(zip([floatToGoString(bound) for bound in bounds], accumulate(counts), strict=True))
 
 
 class ScheduleCollector(Collector):

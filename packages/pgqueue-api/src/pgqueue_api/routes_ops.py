@@ -61,9 +61,11 @@ async def list_queues(queue: QueueDep) -> QueueList:
 )
 async def metrics(request: Request) -> Response:
     """`pgqueue_jobs{queue,state}`, `pgqueue_jobs_completed_total`,
-    `pgqueue_job_failures_total`, `pgqueue_queue_oldest_runnable_age_seconds{queue}` and
+    `pgqueue_job_failures_total`, `pgqueue_queue_oldest_runnable_age_seconds{queue}`,
     the `pgqueue_job_run_seconds{queue,task}` histogram of succeeded attempts' run
-    times, all read from one database snapshot; then, from the worker registry,
+    times and the `pgqueue_enqueue_to_start_seconds{queue}` histogram of every attempt's
+    wait to start (from when its job became runnable to its claim), all read from the
+    database; then, from the worker registry,
     `pgqueue_unserved_jobs{queue,task}` (queued jobs whose task no live worker serves in
     their queue) and `pgqueue_workers{queue}` (live workers serving each queue)."""
     registry: CollectorRegistry = request.app.state.metrics_registry

@@ -11,7 +11,7 @@ from pydantic import Field, StrictBool
 from starlette.concurrency import run_in_threadpool
 
 from pgqueue import Queue
-from pgqueue.schedules import ScheduleInfo, ScheduleNotFound
+from pgqueue.schedules import ScheduleError, ScheduleInfo, ScheduleNotFound
 from pgqueue_api.errors import error_response
 from pgqueue_api.responses import (
     INVALID,
@@ -56,6 +56,11 @@ class ScheduleSummary(ResponseBody):
     last_job_id: int | None = Field(description="That job's id.")
     created_at: datetime = Field(description="When a worker first wrote it.")
     updated_at: datetime = Field(description="When its definition or switch last changed.")
+    error: str | None = Field(
+        description="Why the scheduler skips it: a time zone, cron expression or payload "
+        "of its row that the scheduler cannot read (as the last round that looked found); "
+        "`next_run_at` is then when a round looks at it again. Null while it runs."
+    )
 
 
 class ScheduleList(ResponseBody):
@@ -104,6 +109,10 @@ def _switch(queue: Queue, name: str, enabled: bool) -> Response:
         info: ScheduleInfo = queue.set_schedule_enabled(name, enabled)
     except ScheduleNotFound as exc:
         return error_response(404, str(exc))
+    except ScheduleError as exc:
+        # The stored row's problem (a time zone or cron expression this version
+        # cannot read), not the request's.
+        return error_response(409, str(exc))
     return json_response(info.to_dict())
 
 
@@ -111,7 +120,17 @@ def _switch(queue: Queue, name: str, enabled: bool) -> Response:
     "/schedules/{name}",
     response_model=ScheduleSummary,
     summary="Enable or disable a schedule",
-    responses={200: {"links": schedule_links("")}, **NOT_FOUND, **INVALID, **UNAVAILABLE},
+    responses={
+        200: {"links": schedule_links("")},
+        **NOT_FOUND,
+        409: {
+            "model": ErrorResponse,
+            "description": "Its row cannot be enabled: a time zone or cron expression this "
+            "version cannot read.",
+        },
+        **INVALID,
+        **UNAVAILABLE,
+    },
 )
 async def update_schedule(name: ScheduleName, update: ScheduleUpdate, queue: QueueDep) -> Response:
     """`{"enabled": false}` stops every worker from enqueueing it; `{"enabled": true}`

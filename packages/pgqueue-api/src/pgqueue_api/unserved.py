@@ -5,6 +5,12 @@ its workers. On, each enqueue first asks the worker registry (one short statemen
 whether a live worker serves the job's task in its queue, and answers 422 naming the
 task if none does, so a misspelt task name fails at the producer instead of waiting
 forever.
+
+A client does not send a 4xx again, so a 422 must be sure. The registry is unlogged: a
+crash or a failover empties it, and a clean restart keeps rows that expired while the
+server was down. Until every live worker has had time to write its row again,
+``Queue.unserved_tasks`` names no task, and jobs are accepted (see
+:meth:`pgqueue.registry.RegistryMethods.unserved_tasks`).
 """
 
 from __future__ import annotations

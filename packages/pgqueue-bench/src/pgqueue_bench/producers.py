@@ -31,6 +31,12 @@ class UnexpectedAnswer(RuntimeError):
     """The API answered a batch with neither 201 nor 503: a failure of the run."""
 
 
+class Rejected(Exception):
+    """The queue refused a batch for good (the API's 422): a client does not send it
+    again, so its jobs are lost at the producer. Only senders asked to report it raise
+    it (see :func:`send_via_api`); the producer records the batch and goes on."""
+
+
 Send = Callable[[list[JobSpec]], list[int]]
 
 
@@ -46,9 +52,11 @@ def send_via_queue(queue: Queue) -> Send:
     return send
 
 
-def send_via_api(client: httpx.Client) -> Send:
+def send_via_api(client: httpx.Client, *, rejections_lose_jobs: bool = False) -> Send:
     """Enqueue through ``POST /jobs/batch``; 503 (with Retry-After) or a broken
-    connection means retry, anything else but 201 raises UnexpectedAnswer."""
+    connection means retry, anything else but 201 raises UnexpectedAnswer. With
+    ``rejections_lose_jobs``, a 422 raises Rejected instead: the producer gives the
+    batch up, as a client does with a 4xx, and counts its jobs as lost."""
 
     def send(specs: list[JobSpec]) -> list[int]:
         body = {"jobs": [job_body(spec) for spec in specs]}
@@ -58,6 +66,8 @@ def send_via_api(client: httpx.Client) -> Send:
             raise Refused(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code == 503 and response.headers.get("retry-after"):
             raise Refused(response.json()["detail"])
+        if response.status_code == 422 and rejections_lose_jobs:
+            raise Rejected(response.json()["detail"])
         if response.status_code != 201:
             raise UnexpectedAnswer(f"POST /jobs/batch: {response.status_code} {response.text}")
         return [item["job"]["id"] for item in response.json()["items"]]
@@ -113,6 +123,8 @@ class Producer:
 
     ``acknowledged`` maps each key to the job id the queue answered with: exactly the
     enqueues a client was told had committed. ``refusals`` holds what the refusals said.
+    ``rejected`` maps the key of each job of a batch refused for good (Rejected) to
+    what the refusal said: jobs lost at the producer.
     """
 
     def __init__(
@@ -132,6 +144,7 @@ class Producer:
         self.every = every
         self.acknowledged: dict[str, int] = {}
         self.refusals: list[str] = []
+        self.rejected: dict[str, str] = {}
         self.error: BaseException | None = None
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -166,11 +179,16 @@ class Producer:
         try:
             while chunk := list(islice(self.specs, self.batch)):
                 started = time.monotonic()
-                ids = send_until_acknowledged(self.send, chunk, self._stopped, self.refusals)
-                if ids is None:
-                    return
-                for spec, job_id in zip(chunk, ids, strict=True):
-                    self.acknowledged[spec.idempotency_key] = job_id  # type: ignore[index]
+                try:
+                    ids = send_until_acknowledged(self.send, chunk, self._stopped, self.refusals)
+                except Rejected as exc:
+                    for spec in chunk:
+                        self.rejected[spec.idempotency_key or ""] = str(exc)
+                else:
+                    if ids is None:
+                        return
+                    for spec, job_id in zip(chunk, ids, strict=True):
+                        self.acknowledged[spec.idempotency_key] = job_id  # type: ignore[index]
                 if not self._wait_for_next(started):
                     return
         except BaseException as exc:

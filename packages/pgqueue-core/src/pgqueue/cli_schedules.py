@@ -27,7 +27,9 @@ def _enabled(info: ScheduleInfo) -> str:
 def schedules(database_url: str | None, schema: str, as_json: bool) -> None:
     """Every schedule the workers' plugins declared: name, cron, time zone, task, queue,
     whether it is enabled, and its next and last run (UTC). "no (removed)": its plugin
-    no longer declares it."""
+    no longer declares it. When a schedule is skipped because the scheduler cannot read
+    its row, a last column says why ("skipped: ..."); its next run is then when the
+    scheduler looks at it again."""
     with open_queue(database_url, schema) as queue:
         found = queue.schedules()
     if as_json:
@@ -50,6 +52,10 @@ def schedules(database_url: str | None, schema: str, as_json: bool) -> None:
         ]
         for info in found
     ]
+    if any(info.error is not None for info in found):
+        header.append("problem")
+        for row, info in zip(rows, found, strict=True):
+            row.append("-" if info.error is None else f"skipped: {info.error}")
     widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
         click.echo(

@@ -77,12 +77,29 @@ class RunTimes:
 
 
 @dataclass(frozen=True)
+class PickupTimes:
+    """The pickup histogram of one queue: for every attempt started, by any worker, the
+    seconds from when its job became runnable (the later of its enqueue and its run_at,
+    which a failure, the reaper and retry move) to its claim, on the database clock."""
+
+    queue: str
+    bounds: list[float]
+    """Each bucket's upper bound, ascending; the last is infinity."""
+    counts: list[int]
+    """Attempts per bucket (not cumulative), one per bound."""
+    seconds: float
+    """The waits of them all, added up."""
+
+
+@dataclass(frozen=True)
 class MetricsSnapshot:
     """Every queue's figures, read in one database snapshot."""
 
     queues: list[QueueMetrics]
     run_times: list[RunTimes] = field(default_factory=list)
     """The run-time histogram per queue and task (see :meth:`Queue.run_times`)."""
+    pickup_times: list[PickupTimes] = field(default_factory=list)
+    """The pickup histogram per queue (see :meth:`Queue.pickup_times`)."""
     unserved: list[UnservedTask] = field(default_factory=list)
     """Queued jobs that no live worker serves, per queue and task (see
     :meth:`Queue.unserved`), read right after the rest."""
@@ -139,12 +156,14 @@ class MetricsMethods(QueueBase):
     def metrics_snapshot(self) -> MetricsSnapshot:
         """Job counts by state and completed and failed attempts of every queue, from one
         snapshot (as :meth:`stats` reads them, so the cost does not grow with history);
-        and, read right after, the queued jobs no worker is taking (:meth:`unserved`)."""
+        and, read right after, the queued jobs no worker is taking (:meth:`unserved`),
+        the run-time and the pickup histograms."""
         with self._connection() as conn:
             rows = self._rows("queue_stats", conn=conn)
             unserved = self.unserved(conn=conn)
             serving = self._rows("workers_per_queue", conn=conn)
             run_times = self.run_times(conn=conn)
+            pickup_times = self.pickup_times(conn=conn)
         queues = [
             QueueMetrics(
                 queue=row["queue"],
@@ -158,6 +177,7 @@ class MetricsMethods(QueueBase):
         return MetricsSnapshot(
             queues=queues,
             run_times=run_times,
+            pickup_times=pickup_times,
             unserved=unserved,
             workers={row["queue"]: row["workers"] for row in serving},
         )
@@ -172,4 +192,18 @@ class MetricsMethods(QueueBase):
             bounds = list(row["bounds"])
             counts = [int(per_bound.get(bound, 0)) for bound in bounds]
             histograms.append(RunTimes(row["queue"], row["task"], bounds, counts, row["seconds"]))
+        return histograms
+
+    def pickup_times(self, *, conn: psycopg.Connection | None = None) -> list[PickupTimes]:
+        """Per queue, the histogram of how long attempts waited to start: one
+        observation per attempt started, by any worker, of the seconds from when its job
+        became runnable (the later of its enqueue and its run_at) to its claim, on the
+        database clock. Ended attempts come from the counts the statements ending them
+        keep (pruning does not lower them), running ones from their rows; one snapshot."""
+        histograms = []
+        for row in self._rows("pickup_histogram", conn=conn):
+            per_bound = dict(zip(row["les"], row["attempts"], strict=True))
+            bounds = list(row["bounds"])
+            counts = [int(per_bound.get(bound, 0)) for bound in bounds]
+            histograms.append(PickupTimes(row["queue"], bounds, counts, row["seconds"]))
         return histograms

@@ -6,6 +6,11 @@ Each ``pgqueue worker`` keeps a row in the ``workers`` table: written when it st
 (:meth:`RegistryMethods.deregister_worker`). A worker that dies stops counting once its
 row expires (three heartbeat intervals, 30 s by default) and the reaper deletes it.
 
+The table is unlogged (a row is rewritten at every beat): a crash or a failover empties
+it, and the next beat of each worker writes its row again. ``workers_kept_since`` says
+since when the registry is kept, so that :meth:`RegistryMethods.unserved_tasks` names no
+task until every live worker has had time to come back.
+
 :class:`RegistryMethods` is part of :class:`pgqueue.Queue`; it speaks SQL only through
 the Queue's named statements.
 """
@@ -22,9 +27,13 @@ from typing import Any
 import psycopg
 
 from pgqueue import validation
+from pgqueue.settings import DEFAULT_LEASE_SECONDS
 
 WORKER_EXPIRY_BEATS = 3
 """A worker's row expires after this many of its heartbeat intervals without a beat."""
+DEFAULT_WORKER_EXPIRY_SECONDS = WORKER_EXPIRY_BEATS * DEFAULT_LEASE_SECONDS / 3
+"""A worker's row expires after this long by default: ``pgqueue worker`` beats every
+third of its lease (30 s by default)."""
 
 
 def pgqueue_version() -> str:
@@ -150,17 +159,29 @@ class RegistryMethods:
         return [UnservedTask(row["queue"], row["task"], row["jobs"]) for row in rows]
 
     def unserved_tasks(self, pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        """Of the ``(queue, task)`` pairs given, those no live worker serves, sorted."""
+        """Of the ``(queue, task)`` pairs given, those no live worker serves, sorted.
+
+        None while the registry may be missing rows of live workers: it is unlogged, so
+        a crash or a failover empties it, and a clean restart keeps rows that expired
+        while the server was down. From the first worker's write after that, every live
+        worker has written its row again within the longest expiry of the rows (at
+        least :data:`DEFAULT_WORKER_EXPIRY_SECONDS`); until then, an unserved task and
+        one whose workers have not beaten yet look the same, and none is named."""
         if not pairs:
             return []
         rows = self._rows(
             "tasks_unserved",
-            {"queues": [queue for queue, _ in pairs], "tasks": [task for _, task in pairs]},
+            {
+                "queues": [queue for queue, _ in pairs],
+                "tasks": [task for _, task in pairs],
+                "registry_window": DEFAULT_WORKER_EXPIRY_SECONDS,
+            },
         )
         return [(row["queue"], row["task"]) for row in rows]
 
 
 __all__ = [
+    "DEFAULT_WORKER_EXPIRY_SECONDS",
     "NO_WORKER",
     "WORKER_EXPIRY_BEATS",
     "RegistryMethods",

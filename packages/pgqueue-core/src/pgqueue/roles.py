@@ -78,6 +78,11 @@ _TABLE_GRANTS: dict[str, dict[str, list[str]]] = {
         PRODUCER: ["SELECT"],
         WORKER: ["INSERT", "UPDATE"],  # job_finish_many's histogram
     },
+    "pickup_buckets": {
+        # A cancel ends a running attempt, and counts its pickup wait (as
+        # job_finish_many does for the worker).
+        PRODUCER: ["SELECT", "INSERT", "UPDATE"],
+    },
     "queue_waiters": {
         PRODUCER: ["SELECT"],  # enqueues notify only queues with a live waiter
         # A claim replaces its rows (taken FOR UPDATE SKIP LOCKED); the reaper and a
@@ -94,11 +99,15 @@ _TABLE_GRANTS: dict[str, dict[str, list[str]]] = {
         PRODUCER: ["SELECT"],
         WORKER: ["INSERT", "UPDATE", "DELETE"],
     },
+    "workers_kept_since": {
+        PRODUCER: ["SELECT"],  # --reject-unserved-tasks asks whether the registry is whole
+        WORKER: ["INSERT", "UPDATE"],  # the first register or beat after it was lost
+    },
     "schedules": {
         PRODUCER: ["SELECT"],
         # Sync inserts and redefines rows; runs lock and move them on. Never deleted.
         WORKER: ["INSERT", "UPDATE"],
-        OPERATOR: ["UPDATE (enabled, disabled_by, next_run_at, updated_at)"],
+        OPERATOR: ["UPDATE (enabled, disabled_by, next_run_at, error, updated_at)"],
     },
     # Every command checks the schema's version before it starts.
     "migrations": {PRODUCER: ["SELECT"]},

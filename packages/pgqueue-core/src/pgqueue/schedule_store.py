@@ -18,6 +18,13 @@ the idempotency key ``schedule:<name>@<tick in UTC>`` (so even two rounds that r
 could not enqueue a tick twice), and moves ``next_run_at`` to the first tick after
 the database's clock. After downtime a schedule therefore runs once, for the first
 tick it missed, whatever the number of ticks missed, and never runs a tick twice.
+
+A row the round cannot evaluate (see :func:`pgqueue.schedules.row_problem`: a time zone
+or cron expression this version does not read, a payload it cannot decode) is skipped:
+the reason goes in its ``error`` column, shown by ``pgqueue schedules``, the API and the
+dashboard, and in one log line (again only if the reason changes), and it is looked at
+again ``SKIPPED_RETRY_SECONDS`` later, when a worker that can read it, or a fixed row,
+makes it run from its next tick. The other schedules run as usual.
 """
 
 from __future__ import annotations
@@ -25,13 +32,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any
+from datetime import datetime, timedelta
+from typing import Any, NamedTuple
 
 import psycopg
 
 from pgqueue import jsonb
-from pgqueue.errors import IdempotencyConflict, ValidationError
+from pgqueue.errors import IdempotencyConflict, ValidationError, error_line
 from pgqueue.job_spec import JobSpec
 from pgqueue.locks import advisory_key
 from pgqueue.queries import one_row
@@ -40,6 +47,7 @@ from pgqueue.schedules import (
     ScheduleInfo,
     ScheduleNotFound,
     next_tick,
+    row_problem,
     tick_key,
     ticks,
 )
@@ -49,6 +57,10 @@ log = logging.getLogger("pgqueue.schedules")
 
 MISSED_TICKS_COUNTED = 1000
 """After downtime, missed ticks are counted (for the log) up to this many."""
+SKIPPED_RETRY_SECONDS = 60.0
+"""How long a round leaves a schedule row it cannot evaluate before it looks again:
+long enough to cost nothing, short enough for a worker of another version (or a fixed
+row) to take it up soon."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +105,9 @@ class ScheduleMethods:
     def set_schedule_enabled(self, name: str, enabled: bool) -> ScheduleInfo:
         """Enable or disable schedule ``name``; the switch holds across worker restarts
         and redefinitions (see the module's documentation). An enabled schedule's next
-        run is its first tick from now. Raises :class:`ScheduleNotFound`."""
+        run is its first tick from now. Raises :class:`ScheduleNotFound`, and
+        :class:`~pgqueue.schedules.ScheduleError` for one whose time zone or cron
+        expression this version cannot read (it stays as it was)."""
         if not isinstance(enabled, bool):
             raise ValidationError("enabled", "must be true or false")
         with self._connection() as conn:
@@ -104,9 +118,15 @@ class ScheduleMethods:
                 raise ScheduleNotFound(name)
             next_run_at = None
             if enabled:
-                next_run_at = row["next_run_at"] if row["enabled"] else None
+                # A skipped row's next_run_at is when the scheduler looks again, no tick:
+                # enabled by an operator whose pgqueue reads it, it starts afresh.
+                keep = row["enabled"] and row["error"] is None
+                next_run_at = row["next_run_at"] if keep else None
                 if next_run_at is None:
-                    next_run_at = next_tick(row["cron"], row["timezone"], row["now"])
+                    try:
+                        next_run_at = next_tick(row["cron"], row["timezone"], row["now"])
+                    except ScheduleError as exc:
+                        raise ScheduleError(f"schedule {name!r} cannot run: {exc}") from None
             cur.execute(
                 self._sql("schedule_set_enabled"),
                 {"name": name, "enabled": enabled, "next_run_at": next_run_at},
@@ -129,60 +149,54 @@ class ScheduleMethods:
             cur.execute(self._sql("schedules_due"))
             due = cur.fetchall()
             runs: list[ScheduledRun] = []
-            moved: list[tuple[str, datetime, datetime | None, datetime | None, int | None]] = []
+            moved: list[_Moved] = []
             for row in due:
                 try:
-                    following, run = self._run_one(conn, row)
-                except ScheduleError as exc:
-                    log.error("schedule %s cannot run: %s", row["name"], exc)
+                    plan = _plan(row)
+                except Exception as exc:
+                    # Computing alone (no database): whatever fails is the row's
+                    # problem, never the round's.
+                    moved.append(_skipped(row, exc))
                     continue
+                if row["error"] is not None:
+                    log.info(
+                        "schedule %s can run again: next run %s",
+                        row["name"],
+                        plan.following.isoformat(),
+                    )
+                run = None if plan.tick is None else self._run_one(conn, row, plan)
                 if run is not None:
                     runs.append(run)
                 moved.append(
-                    (
+                    _Moved(
                         row["name"],
-                        following,
+                        plan.following,
                         row["now"] if run is not None and run.job_id is not None else None,
                         run.tick if run is not None else None,
                         run.job_id if run is not None else None,
                     )
                 )
             if moved:
-                names, next_run_ats, run_ats, tick_ats, job_ids = (
-                    list(c) for c in zip(*moved, strict=True)
-                )
                 cur.execute(
                     self._sql("schedules_ran"),
                     {
-                        "names": names,
-                        "next_run_ats": next_run_ats,
-                        "run_ats": run_ats,
-                        "tick_ats": tick_ats,
-                        "job_ids": job_ids,
+                        "names": [m.name for m in moved],
+                        "next_run_ats": [m.next_run_at for m in moved],
+                        "run_ats": [m.run_at for m in moved],
+                        "tick_ats": [m.tick_at for m in moved],
+                        "job_ids": [m.job_id for m in moved],
+                        "errors": [m.error for m in moved],
                     },
                 )
             return ScheduleRound(True, runs, _next_due(cur, self._sql))
 
     def _run_one(
-        self, conn: psycopg.Connection, row: Mapping[str, Any]
-    ) -> tuple[datetime, ScheduledRun | None]:
-        """The next tick of the due schedule ``row`` and its run (None when the row only
-        needed its next tick filled in), enqueued on ``conn``."""
-        name, cron, timezone, now = row["name"], row["cron"], row["timezone"], row["now"]
-        tick = row["next_run_at"]
-        if tick is None:
-            return next_tick(cron, timezone, now), None
-        missed = 0
-        following = None
-        for moment in ticks(cron, timezone, tick):
-            if moment > now:
-                following = moment
-                break
-            missed += 1
-            if missed >= MISSED_TICKS_COUNTED:
-                following = next_tick(cron, timezone, now)
-                break
-        assert following is not None
+        self, conn: psycopg.Connection, row: Mapping[str, Any], plan: _Plan
+    ) -> ScheduledRun:
+        """The run of the due schedule ``row``'s tick, as ``plan`` says, enqueued on
+        ``conn``."""
+        name, tick, missed = row["name"], plan.tick, plan.missed
+        assert tick is not None
         if missed:
             log.warning(
                 "schedule %s missed %s%d more ticks after %s while no scheduler ran: "
@@ -206,10 +220,10 @@ class ScheduleMethods:
         except IdempotencyConflict as exc:
             # The tick has its job, enqueued by an earlier definition: it stays the one.
             log.warning("schedule %s: tick %s already had a job: %s", name, tick, exc)
-            return following, ScheduledRun(name, tick, None, False)
+            return ScheduledRun(name, tick, None, False)
         except ValidationError as exc:
             log.error("schedule %s: tick %s enqueued nothing: %s", name, tick, exc)
-            return following, ScheduledRun(name, tick, None, False)
+            return ScheduledRun(name, tick, None, False)
         job = result.job
         if result.created:
             log.info(
@@ -222,13 +236,71 @@ class ScheduleMethods:
             )
         else:
             log.info("schedule %s: tick %s already had job %d", name, tick.isoformat(), job.id)
-        return following, ScheduledRun(name, tick, job.id, result.created)
+        return ScheduledRun(name, tick, job.id, result.created)
 
     # -- metrics ----------------------------------------------------------------------
 
     def schedule_last_runs(self) -> dict[str, float]:
         """Per schedule that ran, when its last job was enqueued (Unix seconds)."""
         return {row["name"]: row["last_run"] for row in self._rows("schedule_last_runs")}
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """What a round does with one due schedule: run ``tick`` (None: only fill in its
+    next tick), then wait for ``following``."""
+
+    tick: datetime | None
+    following: datetime
+    missed: int = 0
+    """Ticks after ``tick`` that came while no scheduler ran (they make no run)."""
+
+
+class _Moved(NamedTuple):
+    """One row of ``schedules_ran``."""
+
+    name: str
+    next_run_at: datetime
+    run_at: datetime | None
+    tick_at: datetime | None
+    job_id: int | None
+    error: str | None = None
+
+
+def _plan(row: Mapping[str, Any]) -> _Plan:
+    """The plan for the due schedule ``row``; raises (ScheduleError, or whatever
+    croniter raises) when the row cannot be evaluated. Computes only: no database."""
+    problem = row_problem(row)
+    if problem is not None:
+        raise ScheduleError(problem)
+    cron, timezone, now = row["cron"], row["timezone"], row["now"]
+    tick = row["next_run_at"]
+    if tick is None or row["error"] is not None:
+        # New, or skipped until now: its next_run_at was no tick of its own. It starts
+        # from its next tick, without a run for the time it was skipped.
+        return _Plan(None, next_tick(cron, timezone, now))
+    for missed, moment in enumerate(ticks(cron, timezone, tick)):
+        if moment > now:
+            return _Plan(tick, moment, missed)
+        if missed + 1 >= MISSED_TICKS_COUNTED:
+            return _Plan(tick, next_tick(cron, timezone, now), missed + 1)
+    raise AssertionError("ticks() is endless")  # pragma: no cover
+
+
+def _skipped(row: Mapping[str, Any], exc: Exception) -> _Moved:
+    """The due schedule ``row``, which could not be evaluated (``exc`` says why),
+    skipped until SKIPPED_RETRY_SECONDS from now; logged once per reason."""
+    reason = str(exc) if isinstance(exc, ScheduleError) else error_line(exc)
+    if reason != row["error"]:
+        log.error(
+            "schedule %s skipped: %s (the other schedules run; looked at again every %g s, "
+            "see its error in pgqueue schedules)",
+            row["name"],
+            reason,
+            SKIPPED_RETRY_SECONDS,
+        )
+    retry_at = row["now"] + timedelta(seconds=SKIPPED_RETRY_SECONDS)
+    return _Moved(row["name"], retry_at, None, None, None, reason)
 
 
 def schedule_lock_key(schema: str) -> int:

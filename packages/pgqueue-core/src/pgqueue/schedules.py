@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any
@@ -46,6 +46,7 @@ from croniter import CroniterBadDateError, CroniterError, croniter
 
 from pgqueue import validation
 from pgqueue.errors import PgQueueError, ValidationError, error_line
+from pgqueue.jsonb import UndecodableJson
 from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
 
@@ -81,27 +82,21 @@ class Schedule:
     """The plugin that declared it."""
 
     def __post_init__(self) -> None:
-        where = f"schedule {self.name!r}" + (
-            "" if self.source == "explicit" else f" of plugin {self.source}"
+        problem = definition_problem(
+            self.name,
+            self.cron,
+            self.task,
+            self.payload,
+            self.queue,
+            self.priority,
+            self.timezone,
+            self.max_attempts,
         )
-        try:
-            validation.name("name", self.name)
-            validation.name("task", self.task)
-            validation.name("queue", self.queue)
-            validation.priority(self.priority)
-            if self.max_attempts is not None:
-                validation.max_attempts(self.max_attempts)
-            if self.payload is not None:
-                validation.payload(self.payload)
-        except ValidationError as exc:
-            raise ScheduleError(f"{where}: {exc}") from None
-        if not isinstance(self.cron, str):
-            raise ScheduleError(f"{where}: cron must be a string")
-        try:
-            zone(self.timezone)
-            next_tick(self.expression, self.timezone, datetime.now(UTC))
-        except ScheduleError as exc:
-            raise ScheduleError(f"{where}: {exc}") from None
+        if problem is not None:
+            where = f"schedule {self.name!r}" + (
+                "" if self.source == "explicit" else f" of plugin {self.source}"
+            )
+            raise ScheduleError(f"{where}: {problem}")
 
     @cached_property
     def expression(self) -> str:
@@ -125,6 +120,59 @@ class Schedule:
     def job_max_attempts(self) -> int:
         """The attempts each of its jobs gets."""
         return DEFAULT_MAX_ATTEMPTS if self.max_attempts is None else self.max_attempts
+
+
+def definition_problem(
+    name: object,
+    cron: object,
+    task: object,
+    payload: object,
+    queue: object,
+    priority: object,
+    timezone: object,
+    max_attempts: object,
+) -> str | None:
+    """Why a schedule with this definition cannot work, in one line (without its
+    name); None when it can. The checks of a declaration, and of a stored row."""
+    try:
+        validation.name("name", name)
+        validation.name("task", task)
+        validation.name("queue", queue)
+        validation.priority(priority)
+        if max_attempts is not None:
+            validation.max_attempts(max_attempts)
+        if payload is not None:
+            validation.payload(payload)
+    except ValidationError as exc:
+        return str(exc)
+    if not isinstance(cron, str):
+        return "cron must be a string"
+    try:
+        zone(timezone)
+        next_tick(" ".join(cron.split()), str(timezone), datetime.now(UTC))
+    except ScheduleError as exc:
+        return str(exc)
+    return None
+
+
+def row_problem(row: Mapping[str, Any]) -> str | None:
+    """Why a ``schedules`` row cannot run, in one line; None when it can. Rows come
+    from every worker's sync, whatever its version, and may be written by hand: a time
+    zone or a cron expression this version does not read, or a payload Python cannot
+    decode (read through :func:`pgqueue.jsonb.cursor`), is the row's own problem."""
+    payload = row["payload"]
+    if isinstance(payload, UndecodableJson):
+        return f"payload could not be decoded: {payload.reason}"
+    return definition_problem(
+        row["name"],
+        row["cron"],
+        row["task"],
+        payload,
+        row["queue"],
+        row["priority"],
+        row["timezone"],
+        row["max_attempts"],
+    )
 
 
 @dataclass(frozen=True)
@@ -155,6 +203,10 @@ class ScheduleInfo:
     last_job_id: int | None
     created_at: datetime
     updated_at: datetime
+    error: str | None = None
+    """Why the scheduler skips it: what it found when it last looked at the row (an
+    unknown time zone, a cron expression or a payload it cannot read); None while the
+    schedule runs. A skipped schedule's ``next_run_at`` is when it is looked at again."""
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> ScheduleInfo:
@@ -162,8 +214,10 @@ class ScheduleInfo:
         return cls(**{name: row[name] for name in cls.__dataclass_fields__})
 
     def to_dict(self) -> dict[str, Any]:
-        """As plain data (datetimes stay datetimes)."""
-        return asdict(self)
+        """As plain data (datetimes stay datetimes). Not a deep copy: a payload that
+        could not be decoded stays the :class:`~pgqueue.jsonb.UndecodableJson` text it
+        was read as (``asdict`` would copy it, which it cannot be)."""
+        return {item.name: getattr(self, item.name) for item in fields(self)}
 
 
 def zone(name: object) -> ZoneInfo:

@@ -24,7 +24,9 @@ TEMPLATES = Jinja2Templates(
         lstrip_blocks=True,
     )
 )
-TEMPLATES.env.filters.update(age=views.age, when=views.when, local_time=views.local_time)
+TEMPLATES.env.filters.update(
+    age=views.age, when=views.when, local_time=views.local_time, limit_value=views.limit_value
+)
 STATES = [state.value for state in JobState]
 FRAGMENT_PREFIX = "/ui/fragments/"
 

@@ -6,7 +6,7 @@ token."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from fastapi import APIRouter, Depends, Request
 from starlette.concurrency import run_in_threadpool
@@ -40,27 +40,44 @@ def _limit(form: FormData, name: str, kind: Callable[[str], _Limit]) -> _Limit |
         ) from None
 
 
+def _changed_limits(form: FormData) -> dict[str, Any]:
+    """The limits the form changes, as ``update_queue`` takes them (None: no limit).
+
+    The dashboard's form says what each field showed (``<name>_shown``): a field sent
+    back as it was shown is left out, so the limit stays what it is now, whoever set
+    it since, and a rate limit is not set again (which would empty its token bucket).
+    A form without them (a script's) sets both fields as given."""
+    changed: dict[str, Any] = {}
+    if _edited(form, "concurrency_limit"):
+        changed["concurrency_limit"] = _limit(form, "concurrency_limit", int)
+    if _edited(form, "rate_limit"):
+        changed["rate_limit"] = _limit(form, "rate_limit", float)
+    return changed
+
+
+def _edited(form: FormData, name: str) -> bool:
+    """False for a field sent back as the page showed it."""
+    shown = form.get(f"{name}_shown")
+    return shown is None or str(form.get(name) or "").strip() != str(shown).strip()
+
+
 @router.post("/ui/queues/{verb}")
 async def queue_action(
     request: Request,
     verb: Literal["pause", "resume", "limits"],
     form: Annotated[FormData, Depends(checked_form)],
 ) -> Response:
-    """Pause or resume a queue, or set its limits (an empty field: no limit); then the
-    queues page again, or, for a value the queue refuses, the page with the reason."""
+    """Pause or resume a queue, or set its limits (an empty field: no limit; a field
+    left as it was shown: unchanged); then the queues page again, or, for a value the
+    queue refuses, the page with the reason."""
     if not queue_controls()["pause"]:
         return Response("this pgqueue has no queue controls", status_code=404)
     name = str(form.get("queue") or "")
     store = queue_of(request)
     try:
         if verb == "limits":
-            concurrency_limit = _limit(form, "concurrency_limit", int)
-            rate_limit = _limit(form, "rate_limit", float)
-            await run_in_threadpool(
-                lambda: store.update_queue(
-                    name, concurrency_limit=concurrency_limit, rate_limit=rate_limit
-                )
-            )
+            changed = _changed_limits(form)
+            await run_in_threadpool(lambda: store.update_queue(name, **changed))
         else:
             act = store.pause_queue if verb == "pause" else store.resume_queue
             await run_in_threadpool(act, name)

@@ -117,6 +117,16 @@ def when(value: datetime | str | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
+def limit_value(value: float | None) -> str:
+    """A queue limit as a form field's value: the number itself, every digit of it
+    (Python's shortest round-trip text), so that the field, sent back unchanged, reads
+    as the same number; empty for no limit. A whole number loses its ``.0``."""
+    if value is None:
+        return ""
+    text = repr(value)
+    return text.removesuffix(".0")
+
+
 def local_time(value: datetime | None, zone: str) -> str:
     """A timestamp in the time zone ``zone`` (a schedule's), to the minute."""
     if value is None:

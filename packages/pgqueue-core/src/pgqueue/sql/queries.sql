@@ -488,6 +488,17 @@ seen AS (
     WHERE %(worker_id)s::text IS NOT NULL
     ON CONFLICT (id) DO UPDATE
     SET last_seen_at = excluded.last_seen_at, expires_at = excluded.expires_at
+),
+kept AS (
+    -- The first worker to beat after the registry was lost (see workers_kept_since)
+    -- says since when it is kept again; every other beat only reads that it is.
+    INSERT INTO {schema}.workers_kept_since AS kept (since, server_started)
+    SELECT now(), pg_postmaster_start_time()
+    WHERE %(worker_id)s::text IS NOT NULL
+      AND NOT EXISTS (SELECT FROM {schema}.workers_kept_since
+                      WHERE server_started = pg_postmaster_start_time())
+    ON CONFLICT (one) DO UPDATE
+    SET since = excluded.since, server_started = excluded.server_started
 )
 -- Lost: neither extended nor, as this statement's snapshot saw it, still ours and
 -- merely locked by someone else.
@@ -597,6 +608,39 @@ timed AS (
     SET attempts = bucket.attempts + excluded.attempts,
         seconds = bucket.seconds + excluded.seconds
 ),
+begun AS (
+    -- The pickup wait of each failed attempt that goes back to queued, read before
+    -- retried moves its run_at on (this is the statement's snapshot; the token check
+    -- makes it the same attempt that retried writes). Only failures: the rare case.
+    SELECT outcome.position, job.queue,
+           {schema}.pickup_seconds(job.started_at, job.enqueued_at, job.run_at) AS seconds
+    FROM outcome
+    JOIN {schema}.active_jobs AS job ON job.id = outcome.id
+    WHERE outcome.error IS NOT NULL AND job.lease_token = outcome.token
+      AND job.state = 'running'
+),
+picked_up AS (
+    -- The pickup histogram (see pickup_buckets): every attempt this statement ended,
+    -- once, in the bucket of the smallest bound at or above its wait (as in timed).
+    INSERT INTO {schema}.pickup_buckets AS bucket (queue, le, slot, attempts, seconds)
+    SELECT queue, le[position + (position = 0 OR seconds > le[position])::int],
+           mod(pg_backend_pid(), 16), count(*), sum(seconds)
+    FROM (
+        SELECT queue, seconds, le, width_bucket(seconds, le) AS position
+        FROM (
+            SELECT queue, {schema}.pickup_seconds(started_at, enqueued_at, run_at) AS seconds
+            FROM ended
+            UNION ALL
+            SELECT begun.queue, begun.seconds FROM begun JOIN retried USING (position)
+        ) AS waited,
+        (SELECT {schema}.pickup_bounds() AS le) AS bounds
+    ) AS placed
+    GROUP BY 1, 2, 3
+    ORDER BY 1, 2, 3
+    ON CONFLICT (queue, le, slot) DO UPDATE
+    SET attempts = bucket.attempts + excluded.attempts,
+        seconds = bucket.seconds + excluded.seconds
+),
 failed AS (
     SELECT position, 'queued' AS state, run_at, errors, has_dependents, queue FROM retried
     UNION ALL
@@ -685,6 +729,25 @@ counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, cancelled)
     SELECT queue, mod(pg_backend_pid(), 16), 1 FROM cancelled
     ON CONFLICT (queue, slot) DO UPDATE SET cancelled = counter.cancelled + 1
+),
+picked_up AS (
+    -- A running job's attempt ends here: its pickup wait joins the histogram, as in
+    -- job_finish_many.
+    INSERT INTO {schema}.pickup_buckets AS bucket (queue, le, slot, attempts, seconds)
+    SELECT queue, le[position + (position = 0 OR seconds > le[position])::int],
+           mod(pg_backend_pid(), 16), 1, seconds
+    FROM (
+        SELECT queue, seconds, le, width_bucket(seconds, le) AS position
+        FROM (
+            SELECT queue, {schema}.pickup_seconds(started_at, enqueued_at, run_at) AS seconds
+            FROM cancelled
+            WHERE state = 'running'
+        ) AS waited,
+        (SELECT {schema}.pickup_bounds() AS le) AS bounds
+    ) AS placed
+    ON CONFLICT (queue, le, slot) DO UPDATE
+    SET attempts = bucket.attempts + excluded.attempts,
+        seconds = bucket.seconds + excluded.seconds
 )
 SELECT * FROM moved;
 
@@ -827,6 +890,43 @@ FROM summed CROSS JOIN bounds
 GROUP BY queue, task, bounds.le
 ORDER BY queue, task;
 
+-- name: pickup_histogram
+-- The pickup histogram per queue (see pickup_buckets): each bucket's attempts, not
+-- cumulative, in the order of the bounds, and the seconds of them all. The attempts
+-- that ended come from pickup_buckets (a few rows per queue, however much history is
+-- kept); the attempts running now from their rows, through the running jobs' index. In
+-- one statement, so one snapshot: an attempt that ends between two reads moves from
+-- one part to the other and is counted once in each.
+WITH bounds AS (
+    SELECT {schema}.pickup_bounds() AS le
+),
+running AS (
+    SELECT queue, {schema}.pickup_seconds(started_at, enqueued_at, run_at) AS seconds
+    FROM {schema}.active_jobs
+    WHERE state = 'running'
+),
+observed AS (
+    SELECT queue, le, attempts, seconds FROM {schema}.pickup_buckets
+    UNION ALL
+    SELECT queue, le[position + (position = 0 OR seconds > le[position])::int], 1, seconds
+    FROM (
+        SELECT queue, seconds, le, width_bucket(seconds, le) AS position
+        FROM running, bounds
+    ) AS placed
+),
+summed AS (
+    SELECT queue, le, sum(attempts) AS attempts, sum(seconds) AS seconds
+    FROM observed
+    GROUP BY queue, le
+)
+SELECT queue, bounds.le AS bounds,
+       array_agg(summed.attempts::bigint ORDER BY summed.le) AS attempts,
+       array_agg(summed.le ORDER BY summed.le) AS les,
+       sum(summed.seconds)::float8 AS seconds
+FROM summed CROSS JOIN bounds
+GROUP BY queue, bounds.le
+ORDER BY queue;
+
 -- name: jobs_unserved
 -- Per queue and task, the queued jobs that no live worker serves: no worker in the
 -- registry whose row has not expired serves both their queue and their task (a
@@ -847,10 +947,24 @@ WHERE NOT EXISTS (
 ORDER BY queue, task;
 
 -- name: tasks_unserved
--- Of the (queue, task) pairs given, those no live worker serves (see jobs_unserved).
+-- Of the (queue, task) pairs given, those no live worker serves (see jobs_unserved); none
+-- while the registry may still lack live workers' rows. After it was lost (a crash, a
+-- failover: see workers_kept_since) or its rows expired while the server was down (a
+-- clean restart), a live worker writes its row again at its next beat: within its
+-- expiry, counted from the first write since. That is the longest expiry among the rows
+-- there are, and at least %(registry_window)s seconds, a worker's expiry by default.
+WITH registry AS (
+    SELECT kept.since <= now() - make_interval(secs => greatest(
+               %(registry_window)s,
+               (SELECT max(date_part('epoch', worker.expires_at - worker.last_seen_at))
+                FROM {schema}.workers AS worker))) AS complete
+    FROM {schema}.workers_kept_since AS kept
+    WHERE kept.server_started = pg_postmaster_start_time()
+)
 SELECT DISTINCT wanted.queue, wanted.task
 FROM unnest(%(queues)s::text[], %(tasks)s::text[]) AS wanted (queue, task)
-WHERE NOT EXISTS (
+WHERE EXISTS (SELECT FROM registry WHERE complete)
+  AND NOT EXISTS (
     SELECT FROM {schema}.workers AS worker
     WHERE worker.expires_at > now()
       AND wanted.queue = ANY(worker.queues)
@@ -860,7 +974,16 @@ ORDER BY wanted.queue, wanted.task;
 
 -- name: worker_register
 -- A worker that starts, or starts again under the same id: its row in the registry,
--- valid for %(worker_seconds)s unless a heartbeat renews it (see job_heartbeat_many).
+-- valid for %(worker_seconds)s unless a heartbeat renews it (see job_heartbeat_many),
+-- and, the first after the registry was lost, since when it is kept again (as there).
+WITH kept AS (
+    INSERT INTO {schema}.workers_kept_since AS kept (since, server_started)
+    SELECT now(), pg_postmaster_start_time()
+    WHERE NOT EXISTS (SELECT FROM {schema}.workers_kept_since
+                      WHERE server_started = pg_postmaster_start_time())
+    ON CONFLICT (one) DO UPDATE
+    SET since = excluded.since, server_started = excluded.server_started
+)
 INSERT INTO {schema}.workers AS worker
     (id, host, pid, version, queues, tasks, concurrency, started_at, last_seen_at,
      expires_at)
@@ -942,9 +1065,14 @@ changed AS (
                                  ELSE setting.concurrency_limit END,
         rate_limit = CASE WHEN %(set_rate_limit)s THEN excluded.rate_limit
                           ELSE setting.rate_limit END,
-        -- A new rate starts from an empty bucket.
-        tokens = CASE WHEN %(set_rate_limit)s THEN 0 ELSE setting.tokens END,
-        tokens_at = CASE WHEN %(set_rate_limit)s THEN now() ELSE setting.tokens_at END,
+        -- A new rate starts from an empty bucket; the same rate given again keeps its
+        -- bucket (a client that sends every setting must not throttle the queue).
+        tokens = CASE WHEN %(set_rate_limit)s
+                           AND excluded.rate_limit IS DISTINCT FROM setting.rate_limit
+                      THEN 0 ELSE setting.tokens END,
+        tokens_at = CASE WHEN %(set_rate_limit)s
+                              AND excluded.rate_limit IS DISTINCT FROM setting.rate_limit
+                         THEN now() ELSE setting.tokens_at END,
         updated_at = now()
     RETURNING setting.queue, setting.paused, setting.concurrency_limit, setting.rate_limit
 ),
@@ -1165,7 +1293,7 @@ SELECT pg_advisory_xact_lock(%(key)s),
 WITH clock AS MATERIALIZED (SELECT clock_timestamp() AS now)
 SELECT schedule.name, schedule.cron, schedule.timezone, schedule.task, schedule.queue,
        schedule.payload, schedule.priority, schedule.max_attempts, schedule.next_run_at,
-       clock.now
+       schedule.error, clock.now
 FROM {schema}.schedules AS schedule, clock
 WHERE schedule.enabled
   AND (schedule.next_run_at IS NULL OR schedule.next_run_at <= clock.now)
@@ -1174,15 +1302,17 @@ FOR UPDATE OF schedule;
 
 -- name: schedules_ran
 -- Moves each schedule on to its next tick, and records its run (a NULL job_id: the
--- tick had its job already, or next_run_at was only filled in).
+-- tick had its job already, or next_run_at was only filled in), or, with an error, why
+-- the round skipped it (its next_run_at is then when a round looks at it again).
 UPDATE {schema}.schedules AS schedule
 SET next_run_at = ran.next_run_at,
     last_run_at = CASE WHEN ran.job_id IS NULL THEN schedule.last_run_at ELSE ran.run_at END,
     last_tick_at = CASE WHEN ran.job_id IS NULL THEN schedule.last_tick_at ELSE ran.tick_at END,
-    last_job_id = coalesce(ran.job_id, schedule.last_job_id)
+    last_job_id = coalesce(ran.job_id, schedule.last_job_id),
+    error = ran.error
 FROM unnest(%(names)s::text[], %(next_run_ats)s::timestamptz[], %(run_ats)s::timestamptz[],
-            %(tick_ats)s::timestamptz[], %(job_ids)s::bigint[])
-     AS ran(name, next_run_at, run_at, tick_at, job_id)
+            %(tick_ats)s::timestamptz[], %(job_ids)s::bigint[], %(errors)s::text[])
+     AS ran(name, next_run_at, run_at, tick_at, job_id, error)
 WHERE schedule.name = ran.name;
 
 -- name: schedule_next_due
@@ -1216,12 +1346,13 @@ VALUES (%(name)s, %(cron)s, %(timezone)s, %(task)s, %(queue)s, %(payload)s::json
 
 -- name: schedule_redefine
 -- A declared schedule whose definition changed, or which was removed and is declared
--- again; the sync decides enabled, disabled_by and next_run_at.
+-- again; the sync decides enabled, disabled_by and next_run_at. A scheduler's error
+-- was about the old definition: the new one, checked by the sync, has none yet.
 UPDATE {schema}.schedules
 SET cron = %(cron)s, timezone = %(timezone)s, task = %(task)s, queue = %(queue)s,
     payload = %(payload)s::jsonb, priority = %(priority)s, max_attempts = %(max_attempts)s,
     source = %(source)s, enabled = %(enabled)s, disabled_by = %(disabled_by)s,
-    next_run_at = %(next_run_at)s, removed_at = NULL, updated_at = now()
+    next_run_at = %(next_run_at)s, removed_at = NULL, error = NULL, updated_at = now()
 WHERE name = %(name)s;
 
 -- name: schedule_remove
@@ -1236,10 +1367,13 @@ SET removed_at = now(),
 WHERE name = ANY(%(names)s::text[]);
 
 -- name: schedule_set_enabled
+-- Enabling starts from a tick the caller worked out, so a scheduler's error, about a
+-- row it could not read, no longer holds until a round looks again.
 UPDATE {schema}.schedules
 SET enabled = %(enabled)s,
     disabled_by = CASE WHEN %(enabled)s THEN NULL ELSE 'operator' END,
     next_run_at = %(next_run_at)s,
+    error = CASE WHEN %(enabled)s THEN NULL ELSE error END,
     updated_at = now()
 WHERE name = %(name)s
 RETURNING *;

@@ -230,6 +230,41 @@ LANGUAGE sql IMMUTABLE AS $$
                  3600, 'Infinity']::float8[]
 $$;
 
+-- How long attempts waited to start, per queue, as the buckets of a histogram: the
+-- seconds from when the job became runnable (pickup_seconds) to its claim, on the
+-- database clock. The statement that ends an attempt, which still holds both times,
+-- counts it here: job_finish_many (ack, failure, reap) and job_cancel. The attempts
+-- running now are counted from their rows when the histogram is read
+-- (pickup_histogram), so it holds one observation per attempt started, by any worker,
+-- while the claim, the statement a pickup waits for, writes nothing more. le, slot,
+-- attempts and seconds as in run_time_buckets.
+CREATE TABLE {schema}.pickup_buckets (
+    queue    text NOT NULL,
+    le       double precision NOT NULL,
+    slot     smallint NOT NULL,
+    attempts bigint NOT NULL DEFAULT 0,
+    seconds  double precision NOT NULL DEFAULT 0,
+    PRIMARY KEY (queue, le, slot)
+);
+
+-- The upper bounds of pickup_buckets, in seconds, ascending; 'Infinity' is the last.
+CREATE FUNCTION {schema}.pickup_bounds() RETURNS double precision[]
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT ARRAY[0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300,
+                 900, 3600, 'Infinity']::float8[]
+$$;
+
+-- An attempt's wait to start, in seconds: from when its job became runnable, the later
+-- of its enqueue and its run_at (which a failed attempt, the reaper and retry move to
+-- when it may run again), to started_at, its claim. Never negative; 0 for a row
+-- without those times (written around pgqueue).
+CREATE FUNCTION {schema}.pickup_seconds(
+    started_at timestamptz, enqueued_at timestamptz, run_at timestamptz
+) RETURNS double precision
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT greatest(0, date_part('epoch', started_at - greatest(enqueued_at, run_at)))
+$$;
+
 -- The workers that may be waiting for jobs, per queue: a LISTENing worker whose last
 -- claim came back short, until its next claim or expires_at (see job_claim). Only
 -- enqueues and retries into these queues notify (see job_insert in queries.sql): a
@@ -282,6 +317,24 @@ CREATE UNLOGGED TABLE {schema}.workers (
     expires_at   timestamptz NOT NULL
 );
 
+-- Since when this server has kept the worker registry: one row, written again by the
+-- first worker to register or beat after the registry was lost. Unlogged, as workers:
+-- whatever empties workers (crash recovery, a standby promoted) empties this too. A
+-- clean restart keeps both, with worker rows that expired while the server was down:
+-- server_started, the postmaster's start when the row was written, tells that row
+-- apart. Until every live worker has had time to write its row again, the registry
+-- cannot tell that no worker serves a task (see tasks_unserved), so the API's
+-- --reject-unserved-tasks refuses nothing. A new schema's registry is complete: no
+-- worker ever ran on it.
+CREATE UNLOGGED TABLE {schema}.workers_kept_since (
+    one            boolean PRIMARY KEY DEFAULT true CHECK (one),
+    since          timestamptz NOT NULL,
+    server_started timestamptz NOT NULL
+);
+
+INSERT INTO {schema}.workers_kept_since (since, server_started)
+VALUES ('-infinity', pg_postmaster_start_time());
+
 -- Periodic jobs (see pgqueue.schedules): one row per schedule a plugin declared,
 -- written by each worker's sync when it starts and by the operator's enable and
 -- disable. Rows are never deleted: a schedule its plugin no longer declares gets
@@ -309,7 +362,11 @@ CREATE TABLE {schema}.schedules (
     last_tick_at timestamptz,                        -- the tick that job was for
     last_job_id  bigint,
     created_at   timestamptz NOT NULL DEFAULT now(),
-    updated_at   timestamptz NOT NULL DEFAULT now()
+    updated_at   timestamptz NOT NULL DEFAULT now(),
+    -- Why the scheduler skips the row, as the last round that looked at it found: a time
+    -- zone, cron expression or payload it cannot read (written by another version, or
+    -- by hand). next_run_at is then when a round looks at it again. NULL while it runs.
+    error        text
 );
 
 -- A job's error history with one more failed attempt, the last 20 kept, each error cut
