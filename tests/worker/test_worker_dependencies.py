@@ -1,0 +1,67 @@
+"""Jobs that wait for other jobs, run by real ``pgqueue worker`` processes: a producer's
+long transaction never holds the jobs its dependents wait for."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+
+import psycopg
+import pytest
+from worker_support import TEST_PLUGIN, hook_calls, wait_until_state
+
+from pgqueue import JobState, Queue
+
+pytestmark = pytest.mark.slow
+
+LEASE = (
+    "--lease-seconds",
+    "2",
+    "--heartbeat-seconds",
+    "0.3",
+    "--reap-interval",
+    "0.2",
+    "--poll-interval",
+    "0.2",
+)
+
+
+def _lease_expires_at(db: psycopg.Connection, schema: str, job_id: int) -> datetime | None:
+    row = db.execute(
+        f"SELECT lease_expires_at FROM {schema}.active_jobs WHERE id = %s", (job_id,)
+    ).fetchone()
+    return row[0] if row else None
+
+
+def test_a_producer_transaction_longer_than_the_lease_holds_nothing_of_its_dependency(
+    start_worker, queue: Queue, database_url: str, db: psycopg.Connection, schema: str, tmp_path
+) -> None:
+    # The dependency runs for 5 s under a 2 s lease, kept by heartbeats; the producer's
+    # transaction naming it stays open for 8 s, past both.
+    dependency = queue.enqueue("whoami", {"seconds": 5}).job
+    for _ in range(2):  # a second worker, whose reaper would take an expired lease
+        start_worker(*LEASE, "--plugin", TEST_PLUGIN)
+    wait_until_state(queue, dependency.id, JobState.RUNNING)
+    claimed_until = _lease_expires_at(db, schema, dependency.id)
+    leases = []
+    with psycopg.connect(database_url) as conn:
+        conn.execute("SELECT 1")  # the producer's own work, in its transaction
+        dependent = queue.enqueue("whoami", depends_on=[dependency.id], conn=conn).job
+        assert dependent.state is JobState.WAITING
+        deadline = time.monotonic() + 8
+        while time.monotonic() < deadline:
+            leases.append(_lease_expires_at(db, schema, dependency.id))
+            time.sleep(0.2)
+        # The dependency's ack did not wait for this transaction.
+        acked = queue.get(dependency.id)
+        assert acked.state is JobState.SUCCEEDED, acked
+        conn.commit()
+
+    done = wait_until_state(queue, dependent.id, JobState.SUCCEEDED)
+    # Heartbeats kept extending the lease while the transaction was open: it was never
+    # reaped, and it ran once.
+    assert max(lease for lease in leases if lease is not None) > claimed_until
+    assert (acked.attempts, acked.errors) == (1, [])
+    assert done.attempts == 1 and done.started_at >= acked.finished_at
+    starts = [call["job_id"] for call in hook_calls(tmp_path) if call["hook"] == "on_start"]
+    assert sorted(starts) == [dependency.id, dependent.id]
