@@ -1,5 +1,6 @@
 """Jobs that wait for other jobs, run by real ``pgqueue worker`` processes: a producer's
-long transaction never holds the jobs its dependents wait for."""
+long transaction never holds the jobs its dependents wait for, and a released job's
+timeline never starts before what it waited for ended."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from datetime import datetime
 
 import psycopg
 import pytest
+from polling import wait_for
 from worker_support import TEST_PLUGIN, hook_calls, wait_until_state
 
-from pgqueue import JobState, Queue
+from pgqueue import BatchItem, JobSpec, JobState, Queue
 
 pytestmark = pytest.mark.slow
 
@@ -65,3 +67,42 @@ def test_a_producer_transaction_longer_than_the_lease_holds_nothing_of_its_depen
     assert done.attempts == 1 and done.started_at >= acked.finished_at
     starts = [call["job_id"] for call in hook_calls(tmp_path) if call["hook"] == "on_start"]
     assert sorted(starts) == [dependency.id, dependent.id]
+
+
+FAN_INS = 100
+FAN_IN = 10
+
+
+def test_a_released_job_never_starts_before_its_dependencies_finished(
+    start_worker, queue: Queue
+) -> None:
+    # Ten dependencies of about the same length per fan-in, on one-slot workers whose
+    # acks ride with their next claim: the last two acks of a fan-in often race, and the
+    # worker that queues the dependent claims it in the same transaction.
+    specs = []
+    for n in range(FAN_INS):
+        first = len(specs)
+        specs += [JobSpec("whoami", {"seconds": 0.02}) for _ in range(FAN_IN)]
+        specs.append(
+            JobSpec(
+                "whoami", {"fan_in": n}, depends_on=[BatchItem(first + i) for i in range(FAN_IN)]
+            )
+        )
+    results = queue.enqueue_many(specs)
+    for _ in range(4):
+        start_worker(*LEASE, "--concurrency", "1", "--prefetch", "0", "--plugin", TEST_PLUGIN)
+
+    ids = [result.job.id for result in results]
+    wait_for(
+        lambda: {s.queue: s.counts for s in queue.stats()}["default"]["succeeded"] == len(ids),
+        what="every job to succeed",
+    )
+    jobs = {job_id: queue.get(job_id) for job_id in ids}
+    early = []
+    for n in range(FAN_INS):
+        group = ids[n * (FAN_IN + 1) : (n + 1) * (FAN_IN + 1)]
+        dependent = jobs[group[-1]]
+        last = max(jobs[job_id].finished_at for job_id in group[:-1])
+        if dependent.started_at < last:
+            early.append((dependent.id, dependent.started_at, last))
+    assert early == []

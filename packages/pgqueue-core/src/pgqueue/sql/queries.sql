@@ -261,9 +261,9 @@ SET state = 'running',
     -- queue with "integer out of range".
     attempts = least(job.attempts, 2147483646) + 1,
     lease_token = gen_random_uuid(),
-    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    lease_expires_at = (SELECT {schema}.claim_clock()) + make_interval(secs => %(lease_seconds)s),
     worker_id = %(worker_id)s,
-    started_at = now()
+    started_at = (SELECT {schema}.claim_clock())
 -- By primary key, one row at a time: a join to the claimed ids lets the planner hash
 -- them and scan the whole table, which grows with the history the table holds.
 WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
@@ -381,9 +381,9 @@ SET state = 'running',
     -- queue with "integer out of range".
     attempts = least(job.attempts, 2147483646) + 1,
     lease_token = gen_random_uuid(),
-    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    lease_expires_at = (SELECT {schema}.claim_clock()) + make_interval(secs => %(lease_seconds)s),
     worker_id = %(worker_id)s,
-    started_at = now()
+    started_at = (SELECT {schema}.claim_clock())
 -- By primary key, one row at a time: a join to the claimed ids lets the planner hash
 -- them and scan the whole table, which grows with the history the table holds.
 WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
@@ -446,10 +446,12 @@ FROM (
 
 -- name: job_claim_times
 -- started_at and lease_expires_at as the claim set them, run in its transaction after
--- it: now() is the transaction's start time, and the expression is the claim's own.
--- And whether any of the queues has settings, which job_claim leaves alone: the next
--- claim of these queues takes job_claim_limited if so, job_claim if not.
-SELECT now() AS started_at, now() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at,
+-- it: claim_clock() gives the time the claim read (see schema.sql), and the expression
+-- is the claim's own. And whether any of the queues has settings, which job_claim
+-- leaves alone: the next claim of these queues takes job_claim_limited if so, job_claim
+-- if not.
+SELECT {schema}.claim_clock() AS started_at,
+       {schema}.claim_clock() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at,
        EXISTS (SELECT FROM {schema}.queue_settings
                WHERE queue = ANY(%(queues)s::text[])) AS settings;
 
@@ -515,6 +517,13 @@ WHERE NOT EXISTS (SELECT FROM extended WHERE extended.id = lease.id)
 -- batch may carry two outcomes of the same job (a stale attempt's and the one that
 -- re-claimed it after a cancel and retry, or a reap); only the holder of the current
 -- token is written.
+--
+-- Its time (finished_at, and failed_at in the error history) is now(), the start of its
+-- transaction, shared by every statement of a batch too large for one: it opens its
+-- transaction (a worker's, or the one it shares with the next claim, where it comes
+-- first), and that transaction begins after the claims of the leases it finishes
+-- committed; the reaper's begins after those leases expired. So it never precedes an
+-- attempt's start, and a job it releases is claimed later (see claim_clock).
 WITH outcome AS (
     -- The outcomes arrive as texts zipped back into rows here: a worker sends
     -- thousands a second, and a few strings cost the client a fraction of arrays dumped
@@ -663,6 +672,9 @@ FOR UPDATE SKIP LOCKED;
 -- name: job_cancel
 -- waiting | queued | running -> cancelled, moved to finished_jobs. Taking the row out
 -- of active_jobs fences out a running worker: its outcome finds no lease to finish.
+-- finished_at is the clock once the row is taken, not now(): the statement may have
+-- waited for the row (a claim of it committing), and the job's timeline must not end
+-- before it started.
 WITH cancelled AS (
     DELETE FROM {schema}.active_jobs
     WHERE id = %(id)s AND state IN ('waiting', 'queued', 'running')
@@ -675,7 +687,7 @@ moved AS (
          result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
          has_dependents)
     SELECT id, queue, task, payload, priority, 'cancelled', run_at, attempts, max_attempts,
-           timeout_seconds, worker_id, enqueued_at, started_at, now(), last_error,
+           timeout_seconds, worker_id, enqueued_at, started_at, clock_timestamp(), last_error,
            result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
            has_dependents
     FROM cancelled
@@ -1318,7 +1330,9 @@ ORDER BY job.id;
 -- only those of these jobs (an enqueue's own, whose dependency it found dead). One
 -- level: the caller runs it again for the cancelled jobs that have dependents of their
 -- own, each time in a new statement, so that it sees dependents whose transaction
--- committed while a cancel here waited for a row.
+-- committed while a cancel here waited for a row. finished_at is the clock: a later
+-- level, or an enqueue in a transaction begun long before, must not end before the
+-- dependency it names.
 WITH failed AS (
     SELECT id, state FROM unnest(%(ids)s::bigint[], %(states)s::text[]) AS failed (id, state)
 ),
@@ -1344,7 +1358,7 @@ moved AS (
          result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
          has_dependents)
     SELECT id, queue, task, payload, priority, 'cancelled', run_at, attempts, max_attempts,
-           timeout_seconds, worker_id, enqueued_at, started_at, now(), reason,
+           timeout_seconds, worker_id, enqueued_at, started_at, clock_timestamp(), reason,
            result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
            has_dependents
     FROM cancelled

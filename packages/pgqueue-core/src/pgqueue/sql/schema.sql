@@ -512,3 +512,20 @@ CREATE CONSTRAINT TRIGGER dependents_check_at_commit
     AFTER INSERT ON {schema}.dependents_to_check
     DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION {schema}.dependents_check_at_commit();
+
+-- The time a claim starts its jobs: their started_at, and the start of their lease.
+-- The clock when first asked in a transaction, kept for the rest of it in a setting
+-- local to the transaction, so job_claim_times reads back what the claim wrote. The
+-- claim asks while its statement runs, after its snapshot was taken: later than the
+-- commit of whatever made its jobs runnable (the ack that released a waiting job, say),
+-- where the transaction's now() may be earlier. Kept as text in UTC, which reads back
+-- the same whatever the session's DateStyle and TimeZone.
+CREATE FUNCTION {schema}.claim_clock() RETURNS timestamptz
+LANGUAGE sql VOLATILE AS $$
+    SELECT coalesce(
+        nullif(current_setting('pgqueue.claim_clock', true), '')::timestamp
+            AT TIME ZONE 'UTC',
+        set_config('pgqueue.claim_clock',
+                   to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'),
+                   true)::timestamp AT TIME ZONE 'UTC')
+$$;

@@ -1,6 +1,7 @@
 -- Version 5: an enqueue with dependencies locks nothing until its transaction commits,
--- where a deferred trigger checks the dependencies (dependents_checked). See
--- ../schema.sql for what each part is for.
+-- where a deferred trigger checks the dependencies (dependents_checked); and a claim
+-- starts its jobs on the clock after its snapshot (claim_clock). See ../schema.sql for
+-- what each part is for.
 
 -- The waiting jobs that a transaction enqueued or retried and whose dependencies it
 -- has not checked yet (see dependents_checked): one row each, inserted by the
@@ -153,3 +154,20 @@ CREATE CONSTRAINT TRIGGER dependents_check_at_commit
     AFTER INSERT ON {schema}.dependents_to_check
     DEFERRABLE INITIALLY DEFERRED
     FOR EACH ROW EXECUTE FUNCTION {schema}.dependents_check_at_commit();
+
+-- The time a claim starts its jobs: their started_at, and the start of their lease.
+-- The clock when first asked in a transaction, kept for the rest of it in a setting
+-- local to the transaction, so job_claim_times reads back what the claim wrote. The
+-- claim asks while its statement runs, after its snapshot was taken: later than the
+-- commit of whatever made its jobs runnable (the ack that released a waiting job, say),
+-- where the transaction's now() may be earlier. Kept as text in UTC, which reads back
+-- the same whatever the session's DateStyle and TimeZone.
+CREATE FUNCTION {schema}.claim_clock() RETURNS timestamptz
+LANGUAGE sql VOLATILE AS $$
+    SELECT coalesce(
+        nullif(current_setting('pgqueue.claim_clock', true), '')::timestamp
+            AT TIME ZONE 'UTC',
+        set_config('pgqueue.claim_clock',
+                   to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS.US'),
+                   true)::timestamp AT TIME ZONE 'UTC')
+$$;
