@@ -310,3 +310,28 @@ def test_openapi_documents_the_dependency_fields() -> None:
     assert {"depends_on", "dependents"} <= set(schemas["JobDetail"]["required"])
     assert "waiting" in schemas["JobState"]["enum"]
     assert "waiting" in schemas["StateCounts"]["required"]
+
+
+def test_a_retried_dependent_waits_again_and_a_failed_dependency_refuses_it(
+    api: httpx.Client, queue: Queue
+) -> None:
+    dependency = _post(api, max_attempts=1)
+    other = _post(api)
+    dependent = _post(api, depends_on=[dependency["id"], other["id"]])
+    assert api.post(f"/jobs/{dependent['id']}/cancel").status_code == 200
+
+    retried = api.post(f"/jobs/{dependent['id']}/retry")
+    assert retried.status_code == 200, retried.text
+    assert retried.json()["state"] == "waiting"
+    assert queue.get(dependent["id"]).state.value == "waiting"
+
+    _run(queue, dependency["id"], succeed=False)  # dead: cancels the dependent again
+    assert _get(api, dependent["id"])["state"] == "cancelled"
+    refused = api.post(f"/jobs/{dependent['id']}/retry")
+    assert refused.status_code == 409
+    assert refused.json() == {
+        "detail": f"cannot retry job {dependent['id']}: its dependency {dependency['id']} "
+        "(dead) will not succeed; retry it first",
+        "errors": [{"field": "depends_on", "message": f"job {dependency['id']} ended dead"}],
+    }
+    assert _get(api, dependent["id"])["state"] == "cancelled"

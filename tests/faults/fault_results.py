@@ -91,6 +91,10 @@ FAULTS: dict[str, str] = {
         "the Patroni primary's postmaster killed (SIGKILL), Patroni restarts it in place; "
         "one multi-host URL with `target_session_attrs=read-write`"
     ),
+    "13-producer-holds-dependents": (
+        "producers enqueue dependents of running jobs in transactions held open for three "
+        "leases (a quarter rolled back)"
+    ),
 }
 
 

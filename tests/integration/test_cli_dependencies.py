@@ -104,3 +104,28 @@ def test_dependency_mistakes_are_one_line_without_a_traceback(
             assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     # Nothing was enqueued by the refused commands.
     assert [job.id for job in queue.list().jobs] == [known.id]
+
+
+def test_retry_of_a_dependent_says_it_waits_or_names_what_failed(
+    database_url: str, schema: str, queue: Queue
+) -> None:
+    db = ["--database-url", database_url, "--schema", schema]
+    dependency = queue.enqueue("build").job
+    dependent = queue.enqueue("deploy", depends_on=[dependency.id]).job
+    queue.cancel(dependency.id)  # which cancels its dependent too
+
+    refused = _run("retry", str(dependent.id), *db)
+    assert refused.returncode == 1
+    assert refused.stderr.strip() == (
+        f"Error: cannot retry job {dependent.id}: its dependency {dependency.id} "
+        "(cancelled) will not succeed; retry it first"
+    )
+    assert queue.get(dependent.id).state.value == "cancelled"
+
+    assert _run("retry", str(dependency.id), *db).stdout.strip() == (
+        f"job {dependency.id} queued again"
+    )
+    retried = _run("retry", str(dependent.id), *db)
+    assert retried.returncode == 0, retried.stderr
+    assert retried.stdout.strip() == f"job {dependent.id} waiting again for its dependencies"
+    assert queue.get(dependent.id).state.value == "waiting"

@@ -16,10 +16,13 @@ from psycopg import sql
 
 from pgqueue import (
     BatchItem,
+    DependenciesFailed,
     IdempotencyConflict,
+    InvalidTransition,
     Job,
     JobSpec,
     JobState,
+    Lease,
     Queue,
     UnknownDependencies,
     ValidationError,
@@ -285,31 +288,123 @@ def test_an_enqueue_racing_the_ack_of_its_dependency_is_never_stranded(
         protocol.ack(released)
 
 
-def test_an_ack_that_waited_for_the_enqueue_of_a_dependent_queues_it(
+def test_an_open_producer_transaction_holds_none_of_its_dependencies(
     queue: Queue, database_url: str, db, schema
 ) -> None:
-    # The enqueue marks the running dependency in the caller's open transaction, so the
-    # ack has to wait for that row; once the enqueue commits, the ack must see the new
-    # dependency link although it did not exist when the ack's statement began.
-    protocol = WorkerProtocol(queue)
-    dependency = queue.enqueue("t").job
-    (running,) = _claim_all(queue).values()
-    acked: list[Any] = []
+    # The producer's transaction stays open while its dependencies are claimed, kept
+    # alive, acked and failed: none of them waits for it (a bounded statement time makes
+    # a wait fail instead of hang), and its commit then counts each one exactly once.
+    bounded = WorkerProtocol(queue.with_statement_timeout(10.0))
+    running = queue.enqueue("t").job
+    doomed = queue.enqueue("t", max_attempts=1).job
+    [claimed_running] = bounded.claim(["default"], ["t"], limit=1, lease_seconds=60)
+    [claimed_doomed] = bounded.claim(["default"], ["t"], limit=1, lease_seconds=60)
+    queued = queue.enqueue("t").job
     with psycopg.connect(database_url) as conn:
-        conn.execute("SELECT 1")  # the caller's transaction, which the enqueue joins
-        dependent = queue.enqueue("after", depends_on=[dependency.id], conn=conn).job
-        ack = threading.Thread(target=lambda: acked.append(protocol.ack(running)))
-        ack.start()
-        deadline = time.monotonic() + 30
-        blocked = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
-        while db.execute(blocked, (conn.info.backend_pid,)).fetchone()[0] == 0:
-            assert ack.is_alive() and time.monotonic() < deadline, "the ack did not wait"
-            time.sleep(0.01)
+        conn.execute("SELECT 1")  # the caller's transaction, which the enqueues join
+        waits = queue.enqueue("after", depends_on=[running.id, queued.id], conn=conn).job
+        dies = queue.enqueue("after", depends_on=[doomed.id], conn=conn).job
+        assert (waits.state, dies.state) == (JobState.WAITING, JobState.WAITING)
+
+        before = queue.get(running.id).lease_expires_at
+        assert (
+            bounded.heartbeat([Lease(running.id, claimed_running.lease_token)], lease_seconds=120)
+            == set()
+        )
+        assert queue.get(running.id).lease_expires_at > before
+        [claimed_queued] = bounded.claim(["default"], ["t"], limit=1)
+        assert claimed_queued.id == queued.id
+        assert bounded.ack(claimed_running).state is JobState.SUCCEEDED
+        assert bounded.fail(claimed_doomed, "boom").state is JobState.DEAD
         conn.commit()
-    ack.join(30)
-    assert [job.state for job in acked] == [JobState.SUCCEEDED]
-    assert queue.get(dependent.id).state is JobState.QUEUED
-    assert _pending(db, schema, dependent.id) == 0
+
+    assert queue.get(dies.id).state is JobState.CANCELLED
+    assert queue.get(dies.id).last_error == f"dependency {doomed.id} ended dead"
+    # One dependency left: the one acked before the commit counted once, not twice.
+    assert queue.get(waits.id).state is JobState.WAITING
+    assert _pending(db, schema, waits.id) == 1
+    bounded.ack(claimed_queued)
+    assert queue.get(waits.id).state is JobState.QUEUED
+    assert _pending(db, schema, waits.id) == 0
+
+
+def _commit_racing(conn: psycopg.Connection, *calls: Callable[[], Any]) -> list[Any]:
+    """Commit ``conn`` and run ``calls``, all released together; their results."""
+    return _in_parallel(conn.commit, *calls)[1:]
+
+
+def test_an_ack_racing_the_producers_commit_is_counted_exactly_once(
+    queue: Queue, database_url: str, db, schema
+) -> None:
+    protocol = WorkerProtocol(queue)
+    for _ in range(30):
+        first, second = queue.enqueue("t").job, queue.enqueue("t").job
+        claimed = _claim_all(queue)
+        with psycopg.connect(database_url) as conn:
+            dependent = queue.enqueue("after", depends_on=[first.id, second.id], conn=conn).job
+            _commit_racing(conn, partial(protocol.ack, claimed[first.id]))
+        # Whichever came first, one dependency is left: the job still waits for it.
+        assert queue.get(dependent.id).state is JobState.WAITING
+        assert _pending(db, schema, dependent.id) == 1
+        protocol.ack(claimed[second.id])
+        assert queue.get(dependent.id).state is JobState.QUEUED
+        assert _pending(db, schema, dependent.id) == 0
+        (released,) = _claim_all(queue, "after").values()
+        protocol.ack(released)
+
+
+def test_two_acks_racing_the_producers_commit_queue_the_dependent_once(
+    queue: Queue, database_url: str, db, schema
+) -> None:
+    protocol = WorkerProtocol(queue)
+    for _ in range(30):
+        first, second = queue.enqueue("t").job, queue.enqueue("t").job
+        claimed = _claim_all(queue)
+        with psycopg.connect(database_url) as conn:
+            dependent = queue.enqueue("after", depends_on=[first.id, second.id], conn=conn).job
+            _commit_racing(
+                conn,
+                partial(protocol.ack, claimed[first.id]),
+                partial(protocol.ack, claimed[second.id]),
+            )
+        assert queue.get(dependent.id).state is JobState.QUEUED
+        assert _pending(db, schema, dependent.id) == 0
+        (released,) = _claim_all(queue, "after").values()
+        protocol.ack(released)
+
+
+def test_a_dependency_dying_as_the_producer_commits_cancels_the_dependent(
+    queue: Queue, database_url: str
+) -> None:
+    protocol = WorkerProtocol(queue)
+    for _ in range(30):
+        doomed = queue.enqueue("t", max_attempts=1).job
+        (claimed,) = _claim_all(queue).values()
+        with psycopg.connect(database_url) as conn:
+            dependent = queue.enqueue("after", depends_on=[doomed.id], conn=conn).job
+            _commit_racing(conn, partial(protocol.fail, claimed, "boom"))
+        cancelled = queue.get(dependent.id)
+        assert cancelled.state is JobState.CANCELLED
+        assert cancelled.last_error == f"dependency {doomed.id} ended dead"
+        assert cancelled.finished_at >= queue.get(doomed.id).finished_at
+
+
+def test_producers_committing_together_never_deadlock(queue: Queue, database_url: str) -> None:
+    # Each producer names the same dependencies, one call at a time, in opposite
+    # orders: their commits still lock them in one order, and neither is aborted.
+    protocol = WorkerProtocol(queue)
+    for _ in range(20):
+        a, b = queue.enqueue("t").job, queue.enqueue("t").job
+        with psycopg.connect(database_url) as one, psycopg.connect(database_url) as two:
+            for conn, order in ((one, (b, a)), (two, (a, b))):
+                for dependency in order:
+                    queue.enqueue("after", depends_on=[dependency.id], conn=conn)
+            _in_parallel(one.commit, two.commit)
+        assert len(queue.dependencies(a.id).dependents) == 2
+        assert len(queue.dependencies(b.id).dependents) == 2
+        for job in _claim_all(queue).values():
+            protocol.ack(job)
+        assert len(_claim_all(queue, "after")) == 4
 
 
 def test_pruning_a_dependent_removes_its_links(queue: Queue, db, schema) -> None:
@@ -332,3 +427,72 @@ def test_a_queue_whose_jobs_all_wait_can_be_paused(queue: Queue) -> None:
     assert {stats.queue: stats.counts["waiting"] for stats in queue.stats()}["then"] == 1
     assert queue.pause_queue("then").paused
     assert protocol.claim(["first"], ["t"])[0].id == dependency.id
+
+
+def test_a_retried_dependent_waits_again_for_what_has_not_succeeded(
+    queue: Queue, db, schema
+) -> None:
+    protocol = WorkerProtocol(queue)
+    later = queue.enqueue("t", delay_seconds=3600).job
+    done, pending = queue.enqueue("t").job, queue.enqueue("t").job
+    dependent = queue.enqueue("after", depends_on=[later.id, done.id, pending.id]).job
+    claimed = _claim_all(queue)
+    protocol.ack(claimed[done.id])
+    queue.cancel(dependent.id)
+
+    retried = queue.retry(dependent.id)
+
+    assert retried.state is JobState.WAITING and retried.attempts == 0
+    assert queue.get(dependent.id).state is JobState.WAITING
+    assert _pending(db, schema, dependent.id) == 2
+    assert _claim_all(queue, "after") == {}
+    protocol.ack(claimed[pending.id])
+    assert queue.get(dependent.id).state is JobState.WAITING
+    assert _pending(db, schema, dependent.id) == 1
+    # The delayed dependency, run now, releases it like any other.
+    db.execute(
+        sql.SQL("UPDATE {}.active_jobs SET run_at = now() WHERE id = %s").format(
+            sql.Identifier(schema)
+        ),
+        (later.id,),
+    )
+    protocol.ack(_claim_all(queue)[later.id])
+    assert queue.get(dependent.id).state is JobState.QUEUED
+    assert set(_claim_all(queue, "after")) == {dependent.id}
+
+
+def test_a_retried_dependent_whose_dependencies_all_succeeded_is_queued(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
+    dependency = queue.enqueue("t").job
+    dependent = queue.enqueue("after", depends_on=[dependency.id], max_attempts=1).job
+    protocol.ack(_claim_all(queue)[dependency.id])
+    protocol.fail(_claim_all(queue, "after")[dependent.id], "boom")
+    assert queue.retry(dependent.id).state is JobState.QUEUED
+    assert set(_claim_all(queue, "after")) == {dependent.id}
+
+
+def test_retrying_a_job_whose_dependency_failed_is_refused_naming_it(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
+    doomed = queue.enqueue("t", max_attempts=1).job
+    cancelled = queue.enqueue("t").job
+    fine = queue.enqueue("t").job
+    dependent = queue.enqueue("after", depends_on=[doomed.id, cancelled.id, fine.id]).job
+    protocol.fail(_claim_all(queue)[doomed.id], "boom")
+    queue.cancel(cancelled.id)
+    before = queue.get(dependent.id)
+    assert before.state is JobState.CANCELLED
+
+    with pytest.raises(DependenciesFailed) as refused:
+        queue.retry(dependent.id)
+
+    assert isinstance(refused.value, InvalidTransition)
+    assert refused.value.failed == [(doomed.id, "dead"), (cancelled.id, "cancelled")]
+    assert str(refused.value) == (
+        f"cannot retry job {dependent.id}: its dependencies {doomed.id} (dead) and "
+        f"{cancelled.id} (cancelled) will not succeed; retry them first"
+    )
+    assert queue.get(dependent.id) == before  # nothing changed
+    # Once they are retried, so may it be: it waits for them again.
+    queue.retry(doomed.id)
+    queue.retry(cancelled.id)
+    assert queue.retry(dependent.id).state is JobState.WAITING

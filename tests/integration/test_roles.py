@@ -141,10 +141,19 @@ def test_a_producer_enqueues_reads_cancels_and_retries(logins: Logins, queue: Qu
         assert producer.get(waiting.id).state is JobState.CANCELLED
         assert producer.retry(single.id).state is JobState.QUEUED
         assert {s.queue: s.counts["queued"] for s in producer.stats()} == {"default": 264}
+        # A retried dependent waits again; one enqueued in the producer's own
+        # transaction is checked as that commits: both as the schema's owner.
+        assert producer.retry(waiting.id).state is JobState.WAITING
+        with psycopg.connect(logins.url("producer")) as conn:
+            later = producer.enqueue("echo", depends_on=[single.id], conn=conn).job
+            conn.commit()
+        assert producer.dependencies(single.id).dependents == [waiting.id, later.id]
+        assert producer.get(later.id).state is JobState.WAITING
         assert producer.workers() == []
         assert producer.schedules() == []
     # Everything the producer wrote is visible to anyone else.
-    assert queue.get(waiting.id).state is JobState.CANCELLED
+    assert queue.get(waiting.id).state is JobState.WAITING
+    assert queue.get(cancelled.id).state is JobState.QUEUED
 
 
 def test_a_producer_cannot_run_finish_reap_migrate_or_change_tables(

@@ -84,6 +84,28 @@ def test_cancel_and_retry_a_job_from_its_page(start_api, page, queue: Queue):
     expect(page.locator("#job-state")).to_have_text("cancelled", timeout=LONG)
 
 
+def test_a_retried_dependent_waits_again_or_names_what_failed(start_api, page, queue: Queue):
+    api = start_api()
+    dependency = queue.enqueue("echo", queue="later").job
+    dependent = queue.enqueue("echo", queue="later", depends_on=[dependency.id]).job
+    queue.cancel(dependency.id)  # which cancels its dependent too
+    log_in(page, api.url, f"/ui/jobs/{dependent.id}")
+    expect(page.locator("#job-state")).to_have_text("cancelled")
+
+    page.click("button:has-text('Retry')")
+    expect(page.locator("p.error")).to_have_text(
+        f"Not retried: the jobs it depends on ({dependency.id}) ended dead or cancelled."
+        " Retry them first."
+    )
+    assert queue.get(dependent.id).state is JobState.CANCELLED
+
+    queue.retry(dependency.id)
+    page.click("button:has-text('Retry')")
+    expect(page.locator("#job-state")).to_have_text("waiting")
+    expect(page.locator("p.notice")).to_have_text("Job retried: waiting for its dependencies.")
+    assert queue.get(dependent.id).state is JobState.WAITING
+
+
 def test_an_open_page_goes_to_log_in_once_its_session_is_gone(start_api, page, queue: Queue):
     api = start_api()
     queue.enqueue("echo", {})

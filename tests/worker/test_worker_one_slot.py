@@ -33,6 +33,7 @@ def test_each_ack_commits_with_the_next_claim(
     run_worker, queue: Queue, db: psycopg.Connection, schema: str
 ) -> None:
     recorder = Recorder()
+    _record_transactions(db, schema)
     specs = [JobSpec("t", {"n": n}, max_attempts=1 if n == 10 else 5) for n in range(30)]
     jobs = [result.job for result in queue.enqueue_many(specs)]
 
@@ -54,14 +55,43 @@ def test_each_ack_commits_with_the_next_claim(
     assert [(row[1], row[2]) for row in rows] == [
         ("dead" if n == 10 else "succeeded", 1) for n in range(30)
     ]
-    # A success's ack and the claim of the next job share a transaction, so its
-    # finished_at is the next job's started_at (both the transaction's now()). The
-    # failure went through the outcome writer, in a transaction of its own.
+    # A success's ack and the claim of the next job share a transaction, in which the
+    # ack comes first; the failure went through the outcome writer, in a transaction of
+    # its own, which may commit after the next claim.
+    xacts = dict(
+        ((job_id, event), xact)
+        for job_id, event, xact in db.execute(f'SELECT * FROM "{schema}".xacts').fetchall()
+    )
     apart = [
-        n for n, (before, after) in enumerate(itertools.pairwise(rows)) if before[4] != after[3]
+        n
+        for n, (before, after) in enumerate(itertools.pairwise(rows))
+        if xacts[before[0], "finished"] != xacts[after[0], "claimed"]
     ]
-    assert apart == [10], [(row[0], row[3], row[4]) for row in rows]
+    assert apart == [10]
+    assert all(
+        before[4] <= after[3]
+        for n, (before, after) in enumerate(itertools.pairwise(rows))
+        if n != 10
+    )
     succeeded = [job.id for n, job in enumerate(jobs) if n != 10]
     assert sorted(recorder.events.of("success")) == succeeded
     assert recorder.events.of("fail") == [jobs[10].id]
     assert queue.get(jobs[10].id).state is JobState.DEAD
+
+
+def _record_transactions(db: psycopg.Connection, schema: str) -> None:
+    """Record, in ``xacts``, the transaction that claimed each job and the one that
+    finished it."""
+    db.execute(
+        f"""CREATE TABLE "{schema}".xacts (job_id bigint, event text, xact xid8);
+        CREATE FUNCTION "{schema}".record_xact() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            INSERT INTO "{schema}".xacts VALUES (NEW.id, TG_ARGV[0], pg_current_xact_id());
+            RETURN NULL;
+        END $$;
+        CREATE TRIGGER claimed AFTER UPDATE ON "{schema}".active_jobs FOR EACH ROW
+            WHEN (OLD.state = 'queued' AND NEW.state = 'running')
+            EXECUTE FUNCTION "{schema}".record_xact('claimed');
+        CREATE TRIGGER finished AFTER INSERT ON "{schema}".finished_jobs FOR EACH ROW
+            EXECUTE FUNCTION "{schema}".record_xact('finished');"""
+    )

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 def claim_batches(db: psycopg.Connection, schema: str) -> list[int]:
     """Sizes of the claims that started the jobs: one claim statement gives every job
-    it claims the same started_at (its transaction's now())."""
+    it claims the same started_at (the clock the claim read once)."""
     rows = db.execute(
         f'SELECT count(*) FROM "{schema}".jobs GROUP BY worker_id, started_at ORDER BY 1 DESC'
     ).fetchall()

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from pgqueue import (
     AsyncProducer,
     DatabaseUnavailable,
+    DependenciesFailed,
     IdempotencyConflict,
     InvalidTransition,
     JobNotFound,
@@ -166,6 +167,13 @@ async def _job_not_found(request: Request, exc: Exception) -> Response:
 
 
 async def _invalid_transition(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, DependenciesFailed):
+        # One error per dependency that will not succeed, for a client to retry them.
+        errors = [
+            {"field": "depends_on", "message": f"job {job_id} ended {state}"}
+            for job_id, state in exc.failed[:_ERRORS_MAX]
+        ]
+        return error_response(409, str(exc), errors)
     return error_response(409, str(exc))
 
 

@@ -339,8 +339,9 @@ async def cancel_job(job_id: JobId, queue: QueueDep) -> Response:
         409: {
             "model": ErrorResponse,
             "description": (
-                "The job is neither dead nor cancelled, or another queued or running job "
-                "holds its unique key."
+                "The job is neither dead nor cancelled, another queued or running job "
+                "holds its unique key, or a job it depends on ended dead or cancelled "
+                "(each named in `errors`, field `depends_on`: retry them first)."
             ),
         },
         **TOO_LARGE,
@@ -349,5 +350,7 @@ async def cancel_job(job_id: JobId, queue: QueueDep) -> Response:
     },
 )
 async def retry_job(job_id: JobId, queue: QueueDep) -> Response:
-    """Put a dead or cancelled job back to queued, runnable now, with its attempts reset."""
+    """Put a dead or cancelled job back to queued, runnable now, with its attempts reset.
+    A job with dependencies is `waiting` again for those that have not succeeded (queued
+    at once if they all have)."""
     return await run_in_threadpool(_job_response, queue.retry, job_id)

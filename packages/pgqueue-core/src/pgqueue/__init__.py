@@ -6,6 +6,7 @@ from pgqueue.claiming import Waiter
 from pgqueue.dependencies import BatchItem, JobDependencies
 from pgqueue.errors import (
     DatabaseUnavailable,
+    DependenciesFailed,
     IdempotencyConflict,
     IdempotencyMismatch,
     InvalidTransition,
@@ -38,6 +39,7 @@ __all__ = [
     "AsyncProducer",
     "BatchItem",
     "DatabaseUnavailable",
+    "DependenciesFailed",
     "EnqueueResult",
     "IdempotencyConflict",
     "IdempotencyMismatch",

@@ -160,10 +160,13 @@ def cancel(job_id: int, database_url: str | None, schema: str) -> None:
 @click.argument("job_id", type=int)
 @database_options
 def retry(job_id: int, database_url: str | None, schema: str) -> None:
-    """Put a dead or cancelled job back to queued."""
+    """Put a dead or cancelled job back to queued (or waiting for its dependencies)."""
     with open_queue(database_url, schema) as queue:
         job = queue.retry(job_id)
-    click.echo(f"job {job.id} queued again")
+    if job.state is JobState.WAITING:
+        click.echo(f"job {job.id} waiting again for its dependencies")
+    else:
+        click.echo(f"job {job.id} queued again")
 
 
 @click.command(epilog=COMMAND_EXIT_STATUSES)

@@ -6,32 +6,68 @@ of them. A dependency that already succeeded counts as met at once; one that end
 **dead** or **cancelled** cancels its waiting dependents, with a ``last_error`` naming
 it (``dependency 12 ended dead``), and theirs in turn. A dependency that fails an
 attempt and is retried by its backoff is not finished: its dependents keep waiting.
-
-Retrying a dead dependency (``pgqueue retry``) does not bring back the dependents it
-cancelled: they stay cancelled, and may be retried themselves, in which case they run
-without waiting. An id that is no job (never was, or pruned) is refused:
+An id that is no job (never was, or pruned) is refused:
 :class:`~pgqueue.errors.UnknownDependencies`, and nothing is enqueued.
+
+Retrying a job with dependencies (``pgqueue retry``) makes it wait again for those that
+have not succeeded, counted anew, and queues it at once if they all have. If one of
+them ended dead or cancelled the retry is refused
+(:class:`~pgqueue.errors.DependenciesFailed`, naming them): it would only be cancelled
+again. Retry them first; retrying a dead dependency does not bring back the dependents
+it cancelled, which are retried one by one in turn.
 
 In a batch (``enqueue_many``, ``POST /jobs/batch``) an item may depend on an earlier
 item of the same batch by its position: ``BatchItem(0)`` in Python, ``{"index": 0}``
 over HTTP.
 
-How it stays exact under concurrency:
+How it stays exact under concurrency, while a producer's transaction holds nothing its
+dependencies need, however long it stays open:
 
-- The enqueue marks each unfinished dependency (``has_dependents``) with a row update,
-  in its own transaction, before inserting the job. An ack of that dependency under
-  way holds the row: the enqueue waits for it, then finds the dependency finished and
-  counts it met. An ack that comes later waits for the enqueue's commit, then reads the
-  mark from the row it deletes.
+- The enqueue reads each dependency's state without locking anything, inserts the job
+  (waiting, with a provisional count of its unmet dependencies; queued when they all
+  succeeded, which is final), links it to them, and records the waiting job in
+  ``dependents_to_check``. The dependencies' heartbeats, acks, claims and reaping go on
+  as if the enqueue had not happened, which to them it has not: nothing of it is
+  visible before the commit.
+- A ``DEFERRABLE INITIALLY DEFERRED`` constraint trigger on that table runs
+  ``dependents_checked`` (``sql/schema.sql``) as the transaction commits. It locks the
+  dependencies still in ``active_jobs``, in id order, and marks them
+  (``has_dependents``): an ack of one under way is waited for, an ack that comes later
+  waits for the commit, so the rows are held for the commit alone. Then, in new
+  statements (new snapshots, which see every ack those waits let commit), it cancels
+  the jobs with a dependency that ended dead or cancelled, and sets every other one's
+  count from scratch: the dependencies still in ``active_jobs``. The enqueue's count is
+  replaced, never adjusted, so nothing is counted twice: a dependency acked between the
+  enqueue's read and the commit is met, one acked after the commit is counted off by
+  its ack.
 - The ack reads the mark from the rows it deletes and, only when one of them has
   dependents, calls ``dependents_released`` from within its statement. The function's
-  own statement takes a new snapshot (so it sees the dependents of an enqueue the ack
+  own statement takes a new snapshot (so it sees the dependents of a commit the ack
   waited for) and counts each waiting dependent's ``pending_dependencies`` down with a
   row update: two acks of a job's last two dependencies take turns on its row, and
   exactly one of them queues it.
 - Cancelling dependents goes one level per statement, for the same reason.
 
-An ack whose jobs have no dependents pays nothing for this: no statement, no call.
+An ack whose jobs have no dependents pays nothing for this: no statement, no call; nor
+does an enqueue without dependencies (the trigger is on a table only they write).
+
+Why at the commit. Marking the dependencies as the enqueue ran, as pgqueue did before,
+held their rows for the producer's whole transaction: heartbeats skipped them (a
+heartbeat never waits for a row) so their leases ran out, the reaper skipped them, and
+their acks waited for the producer. A sweep by the reaper of the dependents whose
+dependencies finished would release them late and cost every sweep a scan of the
+waiting jobs; the check at the commit is exact at once and costs only the producer.
+
+A transaction of pgqueue's own (an enqueue without ``conn`` or on an autocommit
+connection, a retry) runs the check itself just before it commits, so that the jobs it
+returns are as committed; the trigger then finds nothing left to check. In a caller's
+transaction the jobs returned are as enqueued: the commit may queue a waiting one (its
+dependencies succeeded meanwhile) or cancel it. Two things the caller's transaction
+should not do: ``SET CONSTRAINTS ALL IMMEDIATE`` runs the check at once, and the
+dependencies' rows then stay locked until the commit; and under ``REPEATABLE READ`` or
+``SERIALIZABLE`` the check reads the transaction's snapshot, so a dependency that
+changed since (a heartbeat) fails the commit with a serialization error, to be retried
+like any other.
 """
 
 from __future__ import annotations
@@ -52,10 +88,8 @@ if TYPE_CHECKING:
 MAX_DEPENDENCIES = 10_000
 """The most dependencies one job may name: a larger fan-in can wait on a job that
 itself waits for a share of them."""
-READS = 2
-"""How many times the states of dependencies are read when some are found nowhere: one
-that finished while the first read waited for its row is found by the second (a new
-statement, a new snapshot); an id found nowhere twice is no job."""
+FAILED_STATES = ("dead", "cancelled")
+"""The states of a dependency that will not succeed (unless retried)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,41 +147,87 @@ def insert_with_dependencies(
     schema: str,
     specs: Sequence[JobSpec],
     trace_context: str | None,
+    *,
+    check_now: bool,
 ) -> tuple[list[EnqueueResult], list[IdempotencyMismatch]]:
     """Enqueue ``specs``, some with ``depends_on``, on ``cur`` (a dict-row jsonb cursor)
     in its connection's transaction, in order: the items without dependencies between
     two that have some go in together. Returns what
-    :func:`pgqueue.keyed.insert_keyed` returns, for the whole batch."""
+    :func:`pgqueue.keyed.insert_keyed` returns, for the whole batch; with idempotency
+    conflicts, the jobs are inserted but not linked, for the caller to take back or
+    roll back.
+
+    Nothing is locked: the transaction checks the waiting jobs as it commits, or now,
+    with ``check_now``, in a transaction of pgqueue's own that commits next."""
+    states = _named_states(cur, schema, specs)
     results: list[EnqueueResult] = []
     conflicts: list[IdempotencyMismatch] = []
+    links: dict[int, list[int]] = {}  # each job created with dependencies: their ids
+    waiting: list[int] = []
+    failed: dict[int, str] = {}
     for start, group in _groups(specs):
         if has_dependencies(group[0]):
             spec = group[0]
+            for dependency in spec.dependencies:
+                if isinstance(dependency, BatchItem):
+                    job = results[dependency.index].job
+                    states[job.id] = job.state.value
             ids = sorted({_resolve(dependency, results) for dependency in spec.dependencies})
-            states = _states(cur, schema, ids, start if len(specs) > 1 else None)
             unmet = [i for i in ids if states[i] != JobState.SUCCEEDED.value]
-            failed = [(i, states[i]) for i in ids if states[i] in ("dead", "cancelled")]
             done, mismatches = keyed.insert_keyed(
                 cur, schema, [spec], trace_context, pending_dependencies=[len(unmet)]
             )
             result = done[0]
             if result.created:
-                cur.execute(
-                    queries.bind("job_dependencies_insert", schema),
-                    {"depends_on": ids, "job_ids": [result.job.id] * len(ids)},
-                )
-                if failed:
-                    cancelled = cancel_dependents(cur, schema, failed)
-                    for job in cancelled:
-                        if job.id == result.job.id:
-                            result = EnqueueResult(job, created=True)
+                links[result.job.id] = ids
+                if result.job.state is JobState.WAITING:
+                    waiting.append(result.job.id)
+                failed.update((i, states[i]) for i in unmet if states[i] in FAILED_STATES)
             results.append(result)
             conflicts += [dataclasses.replace(m, index=start) for m in mismatches]
         else:
             done, mismatches = keyed.insert_keyed(cur, schema, group, trace_context)
             results += done
             conflicts += [dataclasses.replace(m, index=start + m.index) for m in mismatches]
-    return results, conflicts
+    if conflicts:
+        return results, conflicts
+    if links:
+        pairs = [(dependency, job_id) for job_id, ids in links.items() for dependency in ids]
+        cur.execute(
+            queries.bind("job_dependencies_insert", schema),
+            {
+                "depends_on": [dependency for dependency, _ in pairs],
+                "job_ids": [job_id for _, job_id in pairs],
+                "waiting": waiting,
+            },
+        )
+    # A job whose dependency already ended dead or cancelled is cancelled at once, and
+    # so are the items of the batch that wait for it.
+    changed = cancel_dependents(cur, schema, sorted(failed.items()), among=list(links))
+    if check_now and waiting:
+        changed += checked_now(cur, schema)
+    return _updated(results, changed), []
+
+
+def checked_now(cur: psycopg.Cursor[dict[str, Any]], schema: str) -> list[Job]:
+    """Check the waiting jobs this transaction enqueued or retried now, as its commit
+    would (see ``dependents_checked``), in a transaction of pgqueue's own that commits
+    next: the jobs that changed (queued, counted anew, or cancelled), as they now are."""
+    cur.execute(queries.bind("dependents_check", schema))
+    ids = [row["job_id"] for row in cur.fetchall()]
+    if not ids:
+        return []
+    cur.execute(queries.bind("job_get_many", schema), {"ids": ids})
+    return [Job.from_row(row) for row in cur.fetchall()]
+
+
+def _updated(results: list[EnqueueResult], changed: Sequence[Job]) -> list[EnqueueResult]:
+    """``results`` with the jobs in ``changed`` as they are now."""
+    now = {job.id: job for job in changed}
+    return [
+        EnqueueResult(now[result.job.id], result.created) if result.job.id in now else result
+        for result in results
+    ]
 
 
 def _groups(specs: Sequence[JobSpec]) -> Iterator[tuple[int, list[JobSpec]]]:
@@ -173,40 +253,67 @@ def _resolve(dependency: int | BatchItem, results: list[EnqueueResult]) -> int:
     return dependency
 
 
-def _states(
-    cur: psycopg.Cursor[dict[str, Any]], schema: str, ids: list[int], index: int | None
+def _named_states(
+    cur: psycopg.Cursor[dict[str, Any]], schema: str, specs: Sequence[JobSpec]
 ) -> dict[int, str]:
-    """Each dependency's state, its row marked as having dependents (see
-    ``job_dependencies_lock``). Raises UnknownDependencies for ids that are no job."""
-    states: dict[int, str] = {}
-    missing = ids
-    for _ in range(READS):
-        cur.execute(queries.bind("job_dependencies_lock", schema), {"ids": missing})
-        states.update((row["id"], row["state"]) for row in cur.fetchall() if row["state"])
-        missing = [i for i in ids if i not in states]
-        if not missing:
-            return states
-    raise UnknownDependencies(missing, index=index)
+    """The state of every dependency ``specs`` name by id, read in one statement without
+    locking anything. Raises UnknownDependencies, before anything is written, for ids
+    that are no job."""
+    named = sorted({d for spec in specs for d in spec.dependencies if not isinstance(d, BatchItem)})
+    if not named:
+        return {}
+    cur.execute(queries.bind("job_dependency_states", schema), {"ids": named})
+    states = {row["id"]: row["state"] for row in cur.fetchall() if row["state"]}
+    missing = [i for i in named if i not in states]
+    if missing:
+        first = next(
+            index
+            for index, spec in enumerate(specs)
+            if any(dependency in missing for dependency in spec.dependencies)
+        )
+        raise UnknownDependencies(missing, index=first if len(specs) > 1 else None)
+    return states
 
 
 def cancel_dependents(
-    cur: psycopg.Cursor[dict[str, Any]], schema: str, failed: Sequence[tuple[int, str]]
+    cur: psycopg.Cursor[dict[str, Any]],
+    schema: str,
+    failed: Sequence[tuple[int, str]],
+    *,
+    among: Sequence[int] | None = None,
 ) -> list[Job]:
     """Cancel the waiting jobs that depend on ``failed`` ((id, state) of jobs that
     ended dead or cancelled), and theirs in turn, in ``cur``'s transaction: the jobs
-    cancelled, nearest first."""
+    cancelled, nearest first. With ``among``, only those of these jobs: an enqueue's
+    own, which are marked as having dependents only as their transaction commits, so
+    each level goes on from all of them."""
     cancelled: list[Job] = []
     level = list(failed)
     while level:
         cur.execute(
             queries.bind("job_dependents_cancel", schema),
-            {"ids": [i for i, _ in level], "states": [s for _, s in level]},
+            {
+                "ids": [i for i, _ in level],
+                "states": [s for _, s in level],
+                "among": None if among is None else list(among),
+            },
         )
         rows: list[dict[str, Any]] = cur.fetchall()
         jobs = [Job.from_row(row) for row in rows]
         cancelled += jobs
-        level = [(row["id"], "cancelled") for row in rows if row["has_dependents"]]
+        level = [
+            (row["id"], "cancelled") for row in rows if row["has_dependents"] or among is not None
+        ]
     return cancelled
+
+
+def failed_dependencies(
+    cur: psycopg.Cursor[dict[str, Any]], schema: str, job_id: int
+) -> list[tuple[int, str]]:
+    """The dependencies of ``job_id`` that ended dead or cancelled: (id, state), ids
+    ascending."""
+    cur.execute(queries.bind("job_dependencies_failed", schema), {"id": job_id})
+    return [(row["id"], row["state"]) for row in cur.fetchall()]
 
 
 def dependencies_of(

@@ -64,6 +64,27 @@ class UniqueKeyHeld(InvalidTransition):
         self.holder_id = holder_id
 
 
+class DependenciesFailed(InvalidTransition):
+    """A job cannot be retried while a job it depends on has ended dead or cancelled: it
+    would be cancelled again at once. The retry is refused (nothing changes), naming
+    them; retry them first, and the job then waits for them again."""
+
+    def __init__(self, job_id: int, state: str, failed: list[tuple[int, str]]) -> None:
+        each = [f"{dependency} ({ended})" for dependency, ended in failed]
+        names = each[-1] if len(each) == 1 else f"{', '.join(each[:-1])} and {each[-1]}"
+        many = len(failed) > 1
+        PgQueueError.__init__(
+            self,
+            f"cannot retry job {job_id}: its {'dependencies' if many else 'dependency'} "
+            f"{names} will not succeed; retry {'them' if many else 'it'} first",
+        )
+        self.job_id = job_id
+        self.state = state
+        self.action = "retry"
+        self.failed = failed
+        """The dependencies that ended dead or cancelled: (id, state), ids ascending."""
+
+
 class LeaseLost(PgQueueError):
     """The lease token no longer matches: the job was reaped, cancelled or re-claimed.
 

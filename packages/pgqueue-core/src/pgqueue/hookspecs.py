@@ -160,4 +160,5 @@ def on_cancel(job: Job) -> None:
 
 @hookspec
 def on_retry(job: Job) -> None:
-    """A dead or cancelled job was put back to queued by ``retry``, attempts reset."""
+    """A dead or cancelled job was put back to queued by ``retry``, attempts reset (or
+    to waiting, for a job whose dependencies have not all succeeded)."""

@@ -87,4 +87,6 @@ def on_cancel(job: Job) -> None:
 @call_when(_logs_info)
 def on_retry(job: Job) -> None:
     """Log a manual retry."""
-    log.info("job %s %s put back to queued by retry", job.id, job.task, extra=_fields(job))
+    log.info(
+        "job %s %s put back to %s by retry", job.id, job.task, job.state.value, extra=_fields(job)
+    )

@@ -220,15 +220,24 @@ class ProducerMethods(QueueBase):
     ) -> list[EnqueueResult]:
         """enqueue_many of specs of which some carry ``depends_on``."""
         dependencies.check_batch_items(specs)
-        # In the caller's transaction, a savepoint: a refused batch (an idempotency
-        # conflict, an unknown dependency) then takes back the dependency marks and
-        # links it wrote as well as its jobs. Batches with dependencies are rare enough
-        # for its cost.
-        with self._connection(conn) as c, c.transaction():
-            cur = jsonb.cursor(c)
-            results, conflicts = dependencies.insert_with_dependencies(
-                cur, self.schema, specs, trace_context
-            )
-            if conflicts:
-                raise IdempotencyConflict(conflicts, items=len(specs))
+        with self._connection(conn) as c:
+            # The caller's transaction, idle or not: the statements join it (never a
+            # transaction of their own, nor a savepoint: in a long transaction, one per
+            # call would overflow the server's subtransaction cache), and it checks the
+            # dependencies as it commits. Otherwise a transaction of this call's own,
+            # made explicit on an autocommit connection, which checks them before its
+            # commit so as to return the jobs as committed.
+            callers = conn is not None and not c.autocommit
+            with c.transaction() if conn is not None and c.autocommit else nullcontext():
+                cur = jsonb.cursor(c)
+                results, conflicts = dependencies.insert_with_dependencies(
+                    cur, self.schema, specs, trace_context, check_now=not callers
+                )
+                if conflicts:
+                    if callers:
+                        # Take back what this call added, so that it adds nothing; the
+                        # jobs are not linked yet. Otherwise the transaction rolls back.
+                        ids = [r.job.id for r in results if r.created]
+                        cur.execute(self._sql("job_delete_created"), {"ids": ids})
+                    raise IdempotencyConflict(conflicts, items=len(specs))
         return results

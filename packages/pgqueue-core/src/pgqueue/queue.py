@@ -35,6 +35,7 @@ from pgqueue.connections import CONNECTION_DEFAULTS, DEFAULT_POOL_TIMEOUT, conne
 from pgqueue.dependencies import JobDependencies
 from pgqueue.errors import (
     DatabaseUnavailable,
+    DependenciesFailed,
     InvalidTransition,
     JobNotFound,
     UniqueKeyHeld,
@@ -205,20 +206,35 @@ class Queue(
 
     def retry(self, job_id: int) -> Job:
         """Put a dead or cancelled job back to queued, runnable now, attempts reset to 0.
+        A job with dependencies waits again for those that have not succeeded (and is
+        queued at once if they all have; see :mod:`pgqueue.dependencies`).
 
         Raises JobNotFound, or InvalidTransition for any other state; UniqueKeyHeld (an
-        InvalidTransition) if another queued or running job holds its unique key."""
+        InvalidTransition) if another queued or running job holds its unique key, and
+        DependenciesFailed (one too) if a job it depends on ended dead or cancelled."""
         try:
-            rows = self._rows("job_retry", {"id": job_id})
+            with self._connection() as conn:
+                cur = jsonb.cursor(conn)
+                cur.execute(self._sql("job_retry"), {"id": job_id})
+                row = cur.fetchone()
+                job = None if row is None else Job.from_row(row)
+                if row is not None and row["state"] == JobState.WAITING.value:
+                    # Its dependencies, checked in this transaction as an enqueue's are
+                    # as it commits: the job comes back counted anew, queued, or
+                    # cancelled again by a dependency that failed, which refuses the
+                    # retry (the transaction rolls back).
+                    [job] = dependencies.checked_now(cur, self.schema)
+                    if job.state is JobState.CANCELLED:
+                        failed = dependencies.failed_dependencies(cur, self.schema, job_id)
+                        raise DependenciesFailed(job_id, row["retried_from"], failed)
         except psycopg.errors.UniqueViolation:
             # Only active_jobs_unique_key_idx can refuse the move (ids are unique).
-            job = self.get(job_id)
-            holders = self._rows("job_get_many_by_unique_key", {"unique_keys": [job.unique_key]})
+            held = self.get(job_id)
+            holders = self._rows("job_get_many_by_unique_key", {"unique_keys": [held.unique_key]})
             holder = holders[0]["id"] if holders else None
-            raise UniqueKeyHeld(job_id, job.state.value, job.unique_key or "", holder) from None
-        if not rows:
+            raise UniqueKeyHeld(job_id, held.state.value, held.unique_key or "", holder) from None
+        if job is None:
             raise InvalidTransition(job_id, self.get(job_id).state.value, "retry")
-        job = Job.from_row(rows[0])
         self._notify("on_retry", job=job)
         return job
 

@@ -44,9 +44,9 @@ OWNER = "owner"
 # at least one column, which is why some roles have a column-level UPDATE only.
 _TABLE_GRANTS: dict[str, dict[str, list[str]]] = {
     "active_jobs": {
-        # Insert, read, cancel (a DELETE), and job_dependencies_lock's mark on a
-        # dependency (an UPDATE of has_dependents under FOR NO KEY UPDATE).
-        PRODUCER: ["SELECT", "INSERT", "DELETE", "UPDATE (has_dependents)"],
+        # Insert, read, and cancel (a DELETE). The check of a dependent's dependencies
+        # as its transaction commits (dependents_checked) runs as the schema's owner.
+        PRODUCER: ["SELECT", "INSERT", "DELETE"],
         # Claim, heartbeat, fail, reap, release of dependents: any column.
         WORKER: ["UPDATE"],
     },
@@ -65,6 +65,9 @@ _TABLE_GRANTS: dict[str, dict[str, list[str]]] = {
         PRODUCER: ["SELECT", "INSERT"],
         WORKER: ["DELETE"],  # pruning a job unlinks it
     },
+    # An enqueue or retry of a waiting job records it for its transaction's commit to
+    # check; the check (dependents_checked) deletes it, as the schema's owner.
+    "dependents_to_check": {PRODUCER: ["INSERT"]},
     "idempotency_keys": {
         # job_insert_many_keyed takes keys; idempotency_keys_release and
         # job_delete_created give back those of jobs not created.

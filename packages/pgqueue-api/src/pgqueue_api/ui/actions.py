@@ -13,7 +13,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import FormData
 from starlette.responses import RedirectResponse, Response
 
-from pgqueue import InvalidTransition, Job, JobNotFound, Queue
+from pgqueue import DependenciesFailed, InvalidTransition, Job, JobNotFound, Queue
 from pgqueue_api.schemas import (
     JOB_ID_MAX,
 )
@@ -23,6 +23,8 @@ from pgqueue_api.ui.common import queue_of, render, require_session
 
 BULK_MAX = 200
 """Jobs one bulk action may name: a page of the list holds fewer."""
+NAMED_MAX = 20
+"""Dependencies a refused retry names on the job's page, at most."""
 JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX)]
 Verb = Literal["cancel", "retry"]
 DONE = {"cancel": "cancelled", "retry": "retried"}
@@ -106,9 +108,14 @@ async def job_action(
     form: Annotated[FormData, Depends(checked_form)],
 ) -> Response:
     """Cancel or retry one job, then show it again."""
+    outcome: dict[str, str]
     try:
         await run_in_threadpool(_act(queue_of(request), verb), job_id)
         outcome = {"done": verb}
+    except DependenciesFailed as exc:
+        # The page names the jobs to retry first.
+        failed = ",".join(str(dependency) for dependency, _ in exc.failed[:NAMED_MAX])
+        outcome = {"refused": verb, "failed": failed}
     except (InvalidTransition, JobNotFound):
         outcome = {"refused": verb}
     return RedirectResponse(f"/ui/jobs/{job_id}?{urlencode(outcome)}", status_code=303)

@@ -11,7 +11,15 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import RedirectResponse, Response
 
-from pgqueue import Job, JobDependencies, JobNotFound, Queue, ValidationError, WorkerInfo
+from pgqueue import (
+    Job,
+    JobDependencies,
+    JobNotFound,
+    JobState,
+    Queue,
+    ValidationError,
+    WorkerInfo,
+)
 from pgqueue.queue import JobPage
 from pgqueue.queue_metrics import QueueStats
 from pgqueue.schedules import ScheduleInfo
@@ -221,16 +229,28 @@ async def job_page(
     job_id: JobId,
     done: Annotated[Literal["cancel", "retry"] | None, Query()] = None,
     refused: Annotated[Literal["cancel", "retry"] | None, Query()] = None,
+    failed: Annotated[str | None, Query(max_length=400, pattern=r"^[0-9]+(,[0-9]+)*$")] = None,
 ) -> Response:
     """One job: its fields, the jobs it depends on and those that depend on it, payload,
-    result, timeline and error history."""
+    result, timeline and error history. After an action, what became of it: ``failed``
+    names the dependencies that refused a retry."""
     try:
         context = await run_in_threadpool(_job_context, queue_of(request), job_id)
     except JobNotFound:
         return render(request, "not_found.html", status_code=404, job_id=job_id)
     message = None
-    if done:
-        message = f"Job {'cancelled' if done == 'cancel' else 'put back to queued'}."
+    if done == "cancel":
+        message = "Job cancelled."
+    elif done == "retry" and context["job"].state is JobState.WAITING:
+        message = "Job retried: waiting for its dependencies."
+    elif done == "retry":
+        message = "Job put back to queued."
+    elif refused == "retry" and failed:
+        names = ", ".join(failed.split(","))
+        message = (
+            f"Not retried: the jobs it depends on ({names}) ended dead or cancelled."
+            " Retry them first."
+        )
     elif refused:
         past = "cancelled" if refused == "cancel" else "retried"
         message = f"Not {past}: the job's state does not allow it."

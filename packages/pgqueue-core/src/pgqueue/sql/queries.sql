@@ -261,9 +261,9 @@ SET state = 'running',
     -- queue with "integer out of range".
     attempts = least(job.attempts, 2147483646) + 1,
     lease_token = gen_random_uuid(),
-    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    lease_expires_at = (SELECT {schema}.claim_clock()) + make_interval(secs => %(lease_seconds)s),
     worker_id = %(worker_id)s,
-    started_at = now()
+    started_at = (SELECT {schema}.claim_clock())
 -- By primary key, one row at a time: a join to the claimed ids lets the planner hash
 -- them and scan the whole table, which grows with the history the table holds.
 WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
@@ -381,9 +381,9 @@ SET state = 'running',
     -- queue with "integer out of range".
     attempts = least(job.attempts, 2147483646) + 1,
     lease_token = gen_random_uuid(),
-    lease_expires_at = now() + make_interval(secs => %(lease_seconds)s),
+    lease_expires_at = (SELECT {schema}.claim_clock()) + make_interval(secs => %(lease_seconds)s),
     worker_id = %(worker_id)s,
-    started_at = now()
+    started_at = (SELECT {schema}.claim_clock())
 -- By primary key, one row at a time: a join to the claimed ids lets the planner hash
 -- them and scan the whole table, which grows with the history the table holds.
 WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
@@ -446,10 +446,12 @@ FROM (
 
 -- name: job_claim_times
 -- started_at and lease_expires_at as the claim set them, run in its transaction after
--- it: now() is the transaction's start time, and the expression is the claim's own.
--- And whether any of the queues has settings, which job_claim leaves alone: the next
--- claim of these queues takes job_claim_limited if so, job_claim if not.
-SELECT now() AS started_at, now() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at,
+-- it: claim_clock() gives the time the claim read (see schema.sql), and the expression
+-- is the claim's own. And whether any of the queues has settings, which job_claim
+-- leaves alone: the next claim of these queues takes job_claim_limited if so, job_claim
+-- if not.
+SELECT {schema}.claim_clock() AS started_at,
+       {schema}.claim_clock() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at,
        EXISTS (SELECT FROM {schema}.queue_settings
                WHERE queue = ANY(%(queues)s::text[])) AS settings;
 
@@ -526,6 +528,13 @@ WHERE NOT EXISTS (SELECT FROM extended WHERE extended.id = lease.id)
 -- batch may carry two outcomes of the same job (a stale attempt's and the one that
 -- re-claimed it after a cancel and retry, or a reap); only the holder of the current
 -- token is written.
+--
+-- Its time (finished_at, and failed_at in the error history) is now(), the start of its
+-- transaction, shared by every statement of a batch too large for one: it opens its
+-- transaction (a worker's, or the one it shares with the next claim, where it comes
+-- first), and that transaction begins after the claims of the leases it finishes
+-- committed; the reaper's begins after those leases expired. So it never precedes an
+-- attempt's start, and a job it releases is claimed later (see claim_clock).
 WITH outcome AS (
     -- The outcomes arrive as texts zipped back into rows here: a worker sends
     -- thousands a second, and a few strings cost the client a fraction of arrays dumped
@@ -707,6 +716,9 @@ FOR UPDATE SKIP LOCKED;
 -- name: job_cancel
 -- waiting | queued | running -> cancelled, moved to finished_jobs. Taking the row out
 -- of active_jobs fences out a running worker: its outcome finds no lease to finish.
+-- finished_at is the clock once the row is taken, not now(): the statement may have
+-- waited for the row (a claim of it committing), and the job's timeline must not end
+-- before it started.
 WITH cancelled AS (
     DELETE FROM {schema}.active_jobs
     WHERE id = %(id)s AND state IN ('waiting', 'queued', 'running')
@@ -719,7 +731,7 @@ moved AS (
          result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
          has_dependents)
     SELECT id, queue, task, payload, priority, 'cancelled', run_at, attempts, max_attempts,
-           timeout_seconds, worker_id, enqueued_at, started_at, now(), last_error,
+           timeout_seconds, worker_id, enqueued_at, started_at, clock_timestamp(), last_error,
            result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
            has_dependents
     FROM cancelled
@@ -753,10 +765,13 @@ SELECT * FROM moved;
 
 -- name: job_retry
 -- dead | cancelled -> queued, moved back to active_jobs, runnable now, with its
--- attempts reset. A job cancelled because a dependency failed runs without waiting for
--- it; the dependents cancelled when this job failed stay cancelled. Its errors history and last_error stay. A unique key that another
--- queued or running job holds now fails the statement (unique_violation on
--- active_jobs_unique_key_idx), and nothing changes: Queue.retry names the holder.
+-- attempts reset; or -> waiting, for a job with dependencies, which the same
+-- transaction then checks (dependents_check): queued at once if they all succeeded,
+-- waiting for the others otherwise, and refused if one ended dead or cancelled. The
+-- dependents cancelled when this job failed stay cancelled. Its errors history and
+-- last_error stay. A unique key that another queued or running job holds now fails the
+-- statement (unique_violation on active_jobs_unique_key_idx), and nothing changes:
+-- Queue.retry names the holder.
 WITH revived AS (
     DELETE FROM {schema}.finished_jobs
     WHERE id = %(id)s AND state IN ('dead', 'cancelled')
@@ -767,11 +782,18 @@ requeued AS (
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, enqueued_at, started_at, last_error, idempotency_key, errors,
          trace_context, unique_key, has_dependents)
-    SELECT id, queue, task, payload, priority, 'queued', now(), 0, max_attempts,
-           timeout_seconds, enqueued_at, started_at, last_error, idempotency_key, errors,
-           trace_context, unique_key, has_dependents
+    SELECT id, queue, task, payload, priority,
+           CASE WHEN EXISTS (SELECT FROM {schema}.job_dependencies AS link
+                             WHERE link.job_id = revived.id)
+                THEN 'waiting' ELSE 'queued' END::{schema}.job_state,
+           now(), 0, max_attempts, timeout_seconds, enqueued_at, started_at, last_error,
+           idempotency_key, errors, trace_context, unique_key, has_dependents
     FROM revived
     RETURNING *
+),
+waiting AS (
+    INSERT INTO {schema}.dependents_to_check (job_id)
+    SELECT id FROM requeued WHERE state = 'waiting'
 ),
 counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, dead, cancelled)
@@ -786,13 +808,16 @@ woken AS (
     -- notification per queue with a live waiter, naming the queue, never a payload,
     -- sent when the transaction commits. Read once, by the subquery below.
     SELECT pg_notify({channel_name}, wanted.queue)
-    FROM (SELECT DISTINCT queue FROM requeued) AS wanted
+    FROM (SELECT DISTINCT queue FROM requeued WHERE state = 'queued') AS wanted
     WHERE EXISTS (
         SELECT FROM {schema}.queue_waiters AS waiter
         WHERE waiter.queue = wanted.queue AND waiter.expires_at > now()
     )
 )
-SELECT * FROM requeued WHERE (SELECT count(*) FROM woken) >= 0;
+-- With the state it was retried from, for a retry that its dependencies refuse.
+SELECT requeued.*, revived.state::text AS retried_from
+FROM requeued JOIN revived USING (id)
+WHERE (SELECT count(*) FROM woken) >= 0;
 
 -- name: job_get
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
@@ -1387,48 +1412,61 @@ ORDER BY name;
 
 -- Jobs that wait for other jobs (see pgqueue.dependencies) ------------------------
 
--- name: job_dependencies_lock
+-- name: job_dependency_states
 -- Before a job that depends on %(ids)s is inserted, in the same transaction: each
--- dependency's state, NULL for an id found nowhere. A dependency that is not finished
--- is marked as having dependents, with a row update: an ack, failure or cancel of it
--- that comes later sees the mark; one that is under way holds the row, and this waits
--- for it to commit, after which the row is gone from active_jobs. Such a dependency is
--- then in finished_jobs, but this statement's snapshot predates it: it comes back NULL,
--- and the caller asks again (a new statement sees it). Rows are taken in id order, so
--- two of these never wait for each other in a cycle.
-WITH marked AS (
-    UPDATE {schema}.active_jobs AS job
-    SET has_dependents = true
-    WHERE job.id = ANY(ARRAY(
-        SELECT id FROM {schema}.active_jobs
-        WHERE id = ANY(%(ids)s::bigint[])
-        ORDER BY id
-        FOR NO KEY UPDATE
-    ))
-    RETURNING job.id, job.state
-)
-SELECT wanted.id, coalesce(marked.state, finished.state)::text AS state
+-- dependency's state, NULL for an id found nowhere. Nothing is locked: the transaction
+-- checks its dependencies again as it commits (see dependents_checked in schema.sql),
+-- so that its dependencies' heartbeats, acks and claims never wait for it, however
+-- long it stays open. One statement, one snapshot: a job moving from active_jobs to
+-- finished_jobs is found in one of them.
+SELECT wanted.id, coalesce(active.state, finished.state)::text AS state
 FROM unnest(%(ids)s::bigint[]) AS wanted (id)
-LEFT JOIN marked ON marked.id = wanted.id
+LEFT JOIN {schema}.active_jobs AS active ON active.id = wanted.id
 LEFT JOIN LATERAL (
     SELECT job.state FROM {schema}.finished_jobs AS job
-    WHERE job.id = wanted.id AND marked.id IS NULL
+    WHERE job.id = wanted.id AND active.id IS NULL
     LIMIT 1
 ) AS finished ON true;
 
 -- name: job_dependencies_insert
--- The dependencies of jobs just inserted: one row per (job, dependency) pair.
-INSERT INTO {schema}.job_dependencies (depends_on, job_id)
-SELECT depends_on, job_id
-FROM unnest(%(depends_on)s::bigint[], %(job_ids)s::bigint[]) AS pair (depends_on, job_id)
-ON CONFLICT DO NOTHING;
+-- The dependencies of jobs just inserted: one row per (job, dependency) pair; and the
+-- %(waiting)s jobs among them, for their transaction to check as it commits (see
+-- dependents_checked in schema.sql).
+WITH linked AS (
+    INSERT INTO {schema}.job_dependencies (depends_on, job_id)
+    SELECT depends_on, job_id
+    FROM unnest(%(depends_on)s::bigint[], %(job_ids)s::bigint[]) AS pair (depends_on, job_id)
+    ON CONFLICT DO NOTHING
+)
+INSERT INTO {schema}.dependents_to_check (job_id)
+SELECT unnest(%(waiting)s::bigint[]);
+
+-- name: dependents_check
+-- dependents_checked (schema.sql), called by a transaction of pgqueue's own just
+-- before it commits, rather than by the commit's trigger: the jobs whose state or count
+-- it changed. It runs its own statements: read the jobs again in a new one.
+SELECT job_id, state FROM {schema}.dependents_checked({channel_name});
+
+-- name: job_get_many
+SELECT * FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id;
+
+-- name: job_dependencies_failed
+-- The dependencies of a job that ended dead or cancelled (a retry of it is refused).
+SELECT job.id, job.state::text AS state
+FROM {schema}.job_dependencies AS link
+JOIN {schema}.finished_jobs AS job ON job.id = link.depends_on
+WHERE link.job_id = %(id)s AND job.state IN ('dead', 'cancelled')
+ORDER BY job.id;
 
 -- name: job_dependents_cancel
 -- waiting -> cancelled for the jobs that depend on %(ids)s, which ended dead or
--- cancelled (%(states)s): each one's last_error names the dependency. One level: the
--- caller runs it again for the cancelled jobs that have dependents of their own, each
--- time in a new statement, so that it sees dependents enqueued by a transaction that a
--- cancel here had to wait for.
+-- cancelled (%(states)s): each one's last_error names the dependency. With %(among)s,
+-- only those of these jobs (an enqueue's own, whose dependency it found dead). One
+-- level: the caller runs it again for the cancelled jobs that have dependents of their
+-- own, each time in a new statement, so that it sees dependents whose transaction
+-- committed while a cancel here waited for a row. finished_at is the clock: a later
+-- level, or an enqueue in a transaction begun long before, must not end before the
+-- dependency it names.
 WITH failed AS (
     SELECT id, state FROM unnest(%(ids)s::bigint[], %(states)s::text[]) AS failed (id, state)
 ),
@@ -1438,6 +1476,7 @@ doomed AS (
            'dependency ' || failed.id || ' ended ' || failed.state AS reason
     FROM {schema}.job_dependencies AS dependency
     JOIN failed ON failed.id = dependency.depends_on
+    WHERE %(among)s::bigint[] IS NULL OR dependency.job_id = ANY(%(among)s::bigint[])
     ORDER BY dependency.job_id, failed.id
 ),
 cancelled AS (
@@ -1453,7 +1492,7 @@ moved AS (
          result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
          has_dependents)
     SELECT id, queue, task, payload, priority, 'cancelled', run_at, attempts, max_attempts,
-           timeout_seconds, worker_id, enqueued_at, started_at, now(), reason,
+           timeout_seconds, worker_id, enqueued_at, started_at, clock_timestamp(), reason,
            result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
            has_dependents
     FROM cancelled
