@@ -7,13 +7,24 @@ from psycopg import sql
 
 from pgqueue import migrations, queries
 
+# A day's placeholders (see pgqueue.history.Day).
+DAY = {
+    "partition": sql.Identifier("p"),
+    "parent": sql.Identifier("q"),
+    "default": sql.Identifier("d"),
+    "fence": sql.Identifier("f"),
+    "bound": sql.Identifier("b"),
+    "state": sql.Literal("succeeded"),
+    "start": sql.Literal("2026-01-01"),
+    "end": sql.Literal("2026-01-02"),
+}
+
 # The statements with placeholders of their own, and what fills them.
 PARTS = {
-    "history_day_create": {
-        "partition": sql.Identifier("p"),
-        "parent": sql.Identifier("q"),
-        "start": sql.Literal("2026-01-01"),
-        "end": sql.Literal("2026-01-02"),
+    **{
+        name: DAY
+        for name in queries.query_names()
+        if name.startswith(("history_day_", "history_fence_", "history_default_lock"))
     },
     "history_day_lock": {"partition": sql.Identifier("p")},
     "history_day_release": {"partition": sql.Identifier("p")},

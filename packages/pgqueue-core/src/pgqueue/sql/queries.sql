@@ -1099,12 +1099,114 @@ ORDER BY child.relname;
 -- round.
 SELECT set_config('lock_timeout', '2s', true) AS lock_timeout;
 
--- name: history_day_create
--- One day of one state's finished jobs, [start, end) in UTC. Fails (check_violation)
--- while that state's DEFAULT partition holds rows of that day; they stay there.
-CREATE TABLE IF NOT EXISTS {schema}.{partition}
-    PARTITION OF {schema}.{parent}
-    FOR VALUES FROM ({start}) TO ({end});
+-- name: history_owned
+-- Whether this session's role may create and drop the history's days: PostgreSQL
+-- allows a partition to be attached only by the owner of its parent (or a member of
+-- the owner's role).
+SELECT coalesce(pg_has_role(table_.relowner, 'USAGE'), false) AS owned
+FROM pg_class AS table_
+JOIN pg_namespace AS ns ON ns.oid = table_.relnamespace
+WHERE ns.nspname = %(schema)s AND table_.relname = 'finished_jobs';
+
+-- name: history_default_size
+-- The size on disk of one state's DEFAULT partition, in bytes: whether attaching a day
+-- may check it under a lock that acks wait for (see pgqueue.history).
+SELECT pg_relation_size(table_.oid) AS bytes
+FROM pg_class AS table_
+JOIN pg_namespace AS ns ON ns.oid = table_.relnamespace
+WHERE ns.nspname = %(schema)s AND table_.relname = %(table)s;
+
+-- name: history_default_lock
+-- Nothing finishes into, or is read from, a DEFAULT partition while one of its days is
+-- moved out of it and attached: for a moment, as the partition is small.
+LOCK TABLE {schema}.{default} IN ACCESS EXCLUSIVE MODE;
+
+-- name: history_day_table
+-- A day's table, created on its own (not yet a partition) unless it exists: the columns,
+-- defaults and indexes of its state's partitions, and a constraint that it holds only
+-- rows of that state and day ({bound}), so that attaching it need not read it.
+CREATE TABLE IF NOT EXISTS {schema}.{partition} (
+    LIKE {schema}.{parent} INCLUDING ALL,
+    CONSTRAINT {bound} CHECK (state = {state} AND finished_at >= {start} AND finished_at < {end})
+);
+
+-- name: history_day_fill
+-- Moves up to %(batch_size)s jobs of a day from its state's DEFAULT partition into the
+-- day's table, before it is attached; skips rows locked now (a retry or a prune of
+-- them), which the next batch finds. Returns how many moved.
+WITH moved AS (
+    DELETE FROM {schema}.{default}
+    WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM {schema}.{default}
+        WHERE finished_at >= {start} AND finished_at < {end}
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING *
+),
+filled AS (
+    INSERT INTO {schema}.{partition} SELECT * FROM moved
+)
+SELECT count(*) AS jobs FROM moved;
+
+-- name: history_day_attach
+-- A day's table becomes the day's partition. Reads neither it (its {bound} says what
+-- it holds) nor, when the DEFAULT partition has the day's fence, the DEFAULT partition;
+-- otherwise the DEFAULT partition is read, under its lock (only when it is small).
+ALTER TABLE {schema}.{parent}
+    ATTACH PARTITION {schema}.{partition} FOR VALUES FROM ({start}) TO ({end});
+
+-- name: history_day_unbound
+-- Once attached, the partition's bound says what its constraint said.
+ALTER TABLE {schema}.{partition} DROP CONSTRAINT IF EXISTS {bound};
+
+-- name: history_fence_add
+-- A large DEFAULT partition refuses a coming day's rows from now on ({fence}), without
+-- reading it (NOT VALID), while the day is made; see pgqueue.history.
+ALTER TABLE {schema}.{default}
+    ADD CONSTRAINT {fence} CHECK (finished_at < {start} OR finished_at >= {end}) NOT VALID;
+
+-- name: history_fence_validate
+-- Reads the whole DEFAULT partition, to prove it holds none of the day's rows, under a
+-- lock that neither acks nor readers wait for (SHARE UPDATE EXCLUSIVE).
+ALTER TABLE {schema}.{default} VALIDATE CONSTRAINT {fence};
+
+-- name: history_fence_drop
+ALTER TABLE {schema}.{default} DROP CONSTRAINT IF EXISTS {fence};
+
+-- name: history_fences
+-- The names of the fences on the DEFAULT partitions (see history_fence_add).
+SELECT fence.conname AS fence
+FROM pg_constraint AS fence
+JOIN pg_class AS default_ ON default_.oid = fence.conrelid
+JOIN pg_namespace AS ns ON ns.oid = default_.relnamespace
+WHERE ns.nspname = %(schema)s
+  AND default_.relname IN ('finished_jobs_succeeded_default', 'finished_jobs_dead_default',
+                           'finished_jobs_cancelled_default')
+  AND fence.contype = 'c'
+  AND fence.conname LIKE 'finished\_jobs\_%%\_default\_fence\_p%%'
+ORDER BY fence.conname;
+
+-- name: history_fence
+-- Whether a fence is validated (no row: there is no such fence).
+SELECT fence.convalidated AS validated
+FROM pg_constraint AS fence
+JOIN pg_class AS default_ ON default_.oid = fence.conrelid
+JOIN pg_namespace AS ns ON ns.oid = default_.relnamespace
+WHERE ns.nspname = %(schema)s AND fence.conname = %(fence)s AND fence.contype = 'c';
+
+-- name: history_table
+-- Whether a table of the history is a partition (no row: there is no such table).
+SELECT table_.relispartition AS attached
+FROM pg_class AS table_
+JOIN pg_namespace AS ns ON ns.oid = table_.relnamespace
+WHERE ns.nspname = %(schema)s AND table_.relname = %(table)s AND table_.relkind = 'r';
+
+-- name: history_day_unstage
+-- A day given up before it was attached: the jobs moved into its table go back to the
+-- DEFAULT partition, through the state's table, once the fence is gone (history_day_drop
+-- then drops the table).
+INSERT INTO {schema}.{parent} SELECT * FROM {schema}.{partition};
 
 -- name: history_day_lock
 -- Nothing may finish into, or retry out of, a day while it is counted and dropped.
