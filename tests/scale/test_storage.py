@@ -36,6 +36,14 @@ def _params(name: str) -> dict[str, Any]:
             "waiter": None,
             "waiter_seconds": None,
         },
+        "job_claim_limited": {
+            **common,
+            "limit": 10,
+            "lease_seconds": 30,
+            "worker_id": "w",
+            "waiter": None,
+            "waiter_seconds": None,
+        },
         "job_expired_lock": {"limit": 1000},
         "job_next_run_delay": common,
         "queue_stats": {},
@@ -105,6 +113,39 @@ def test_claims_use_the_partial_claim_index(queue, db, schema, hot_set, history)
     _vacuum(db, schema)
     _, plan = _buffers(db, schema, "job_claim")
     assert "active_jobs_claim_idx" in _index_names(plan)
+
+
+UNSERVED_BACKLOG = 30_000
+
+
+@pytest.mark.parametrize("name", ["job_claim", "job_claim_limited", "job_next_run_delay"])
+def test_claims_read_as_few_pages_with_a_backlog_of_tasks_they_do_not_serve(
+    name, queue, db, schema, hot_set
+):
+    """A worker serving task t, in a queue that also holds a long backlog of a task no
+    one serves (a misspelt name, say), queued before t's jobs: its claims and its check
+    of when the next job is due read what they read without that backlog."""
+    if name == "job_claim_limited":
+        # A queue with settings is claimed by job_claim_limited (here: updated_at only).
+        queue.update_queue("default", create=True)
+    _vacuum(db, schema)
+    without, _ = _buffers(db, schema, name)
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {} (queue, task, payload, run_at)"
+            " SELECT 'default', 'typo', '{{}}', now() - interval '1 hour'"
+            " FROM generate_series(1, %s)"
+        ).format(sql.Identifier(schema, "active_jobs")),
+        (UNSERVED_BACKLOG,),
+    )
+    _vacuum(db, schema)
+    with_backlog, plan = _buffers(db, schema, name)
+
+    written = plan.get("Actual Rows", 0) if name.startswith("job_claim") else 0
+    assert with_backlog <= without + SLACK + SLACK_PER_ROW * written, (
+        f"{name} touched {with_backlog} pages with {UNSERVED_BACKLOG} queued jobs of a task "
+        f"it does not serve, {without} without"
+    )
 
 
 HEARTBEAT_JOBS = 20

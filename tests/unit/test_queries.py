@@ -50,9 +50,10 @@ def test_every_named_query_binds_to_a_schema(name):
 def test_claim_modes_differ_only_in_the_row_lock_of_the_candidates():
     skip = queries.bind("job_claim", "s", "skip-locked").as_string(None)
     plain = queries.bind("job_claim", "s", "for-update").as_string(None)
-    # The candidates' lock comes first; the waiters' records are always skipped when locked.
+    # The candidates' locks (a source's share, and what makes up a short claim) come
+    # first; the waiters' records are always skipped when locked.
     assert skip != plain
-    assert skip.replace("FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1) == plain
+    assert skip.replace("FOR UPDATE SKIP LOCKED", "FOR UPDATE", 2) == plain
 
 
 def test_migrations_are_numbered_from_one_without_gaps():

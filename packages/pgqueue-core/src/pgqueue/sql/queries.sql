@@ -204,9 +204,9 @@ WHERE taken.key = gone.idempotency_key AND taken.job_id = gone.id;
 -- name: job_claim_plan
 -- Run first in a claim's transaction: job_claim and job_claim_limited run with their
 -- prepared statement's generic plan, and without JIT, until the claim commits.
--- Their plans do not depend on their parameters: each queue's candidates come from one
--- scan of active_jobs_claim_idx in its order, stopped after the claim's LIMIT, whatever
--- its value. But a generic plan prices a LIMIT parameter as a tenth of the table, so by
+-- Their plans do not depend on their parameters: each queue and task's candidates come
+-- from one scan of active_jobs_claim_idx in its order, stopped after the claim's LIMIT,
+-- whatever its value. But a generic plan prices a LIMIT parameter as a tenth of the table, so by
 -- default PostgreSQL keeps choosing a custom plan and plans the claim anew at every
 -- call, which on a busy queue is a large share of the claim's time on the server. That
 -- pricing would also turn JIT on for a long backlog, compiling the claim at every call
@@ -223,11 +223,18 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 -- job_claim_times, run next, says so, for the caller to claim it with
 -- job_claim_limited from then on (WorkerProtocol.claim does). A pause therefore holds from the
 -- first claim after it commits, whichever statement a worker was using.
--- One index scan per queue, in active_jobs_claim_idx order, so a claim reads a handful of
--- index entries however long the backlog (a single scan over queue = ANY(...) cannot
--- use the index order, and would sort every queued row). With several queues each
--- scan locks up to %(limit)s rows and the best %(limit)s overall are claimed; the
--- others stay queued and are unlocked at commit.
+-- The candidates come from index scans of active_jobs_claim_idx, one per queue and task
+-- (a source), each in claim order and stopped after the rows it gives, so a claim reads
+-- a handful of index entries however long the backlog, of its tasks or of any other
+-- (a single scan over queue = ANY(...) or task = ANY(...) cannot use the index order,
+-- and would read every queued row of the queue). A source with no runnable job costs
+-- one probe (sources). Each source locks only its share of the claim (shares): all of
+-- it when one source has runnable jobs, the common case; else the number of its jobs
+-- among the best %(limit)s of the sources' first %(limit)s each, read without locks.
+-- Jobs that another claim holds are skipped (SKIP LOCKED) and the source's next ones
+-- taken; should a source run out that way (fewer taken than the shares), the sources'
+-- next jobs make up the claim (more), so that a claim comes back short only when there
+-- are no more jobs to claim. The best %(limit)s candidates are claimed, in claim order.
 -- With a %(waiter)s (a worker that LISTENs), the claim also says whether that worker
 -- will wait: its rows in queue_waiters are replaced by one per queue, valid for
 -- %(waiter_seconds)s, when the claim came back short, and removed when it came back
@@ -235,21 +242,76 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 -- the table has no unique key for a new row to wait on (a claim cut off mid-statement
 -- may leave a transaction holding rows until the server notices; its rows then only
 -- expire).
-WITH claimable AS (
-    SELECT candidate.id
+WITH sources AS MATERIALIZED (
+    SELECT wanted.queue, served.task
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    CROSS JOIN unnest(%(tasks)s::text[]) AS served (task)
+    WHERE NOT EXISTS (SELECT FROM {schema}.queue_settings AS setting
+                      WHERE setting.queue = wanted.queue)
+      AND (cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) = 1
+           OR EXISTS (SELECT FROM {schema}.active_jobs
+                      WHERE state = 'queued'
+                        AND queue = wanted.queue
+                        AND task = served.task
+                        AND run_at <= now()))
+),
+shares AS (
+    SELECT queue, task, %(limit)s::int AS jobs FROM sources
+    WHERE (SELECT count(*) FROM sources) = 1
+    UNION ALL
+    SELECT best.queue, best.task, count(*)::int AS jobs
+    FROM (
+        SELECT sources.queue, sources.task
+        FROM sources
+        CROSS JOIN LATERAL (
+            SELECT id, priority, run_at FROM {schema}.active_jobs
+            WHERE state = 'queued'
+              AND queue = sources.queue
+              AND task = sources.task
+              AND run_at <= now()
+            ORDER BY priority DESC, run_at, id
+            LIMIT %(limit)s
+        ) AS head
+        ORDER BY head.priority DESC, head.run_at, head.id
+        LIMIT %(limit)s
+    ) AS best
+    WHERE (SELECT count(*) FROM sources) > 1
+    GROUP BY best.queue, best.task
+),
+taken AS (
+    SELECT candidate.id, candidate.priority, candidate.run_at
+    FROM shares
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM {schema}.active_jobs
         WHERE state = 'queued'
-          AND queue = wanted.queue
-          AND task = ANY(%(tasks)s::text[])
+          AND queue = shares.queue
+          AND task = shares.task
           AND run_at <= now()
-          AND NOT EXISTS (SELECT FROM {schema}.queue_settings AS setting
-                          WHERE setting.queue = wanted.queue)
         ORDER BY priority DESC, run_at, id
-        LIMIT %(limit)s
+        LIMIT shares.jobs
         {lock}
     ) AS candidate
+),
+more AS (
+    SELECT candidate.id, candidate.priority, candidate.run_at
+    FROM sources
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM {schema}.active_jobs
+        WHERE state = 'queued'
+          AND queue = sources.queue
+          AND task = sources.task
+          AND run_at <= now()
+          AND id <> ALL(ARRAY(SELECT id FROM taken))
+        ORDER BY priority DESC, run_at, id
+        LIMIT %(limit)s - (SELECT count(*) FROM taken)
+        {lock}
+    ) AS candidate
+    WHERE (SELECT count(*) FROM sources) > 1
+      AND (SELECT count(*) FROM taken) < (SELECT sum(jobs) FROM shares)
+),
+claimable AS (
+    SELECT candidate.id
+    FROM (SELECT * FROM taken UNION ALL SELECT * FROM more) AS candidate
     ORDER BY candidate.priority DESC, candidate.run_at, candidate.id
     LIMIT %(limit)s
 ),
@@ -299,11 +361,10 @@ SELECT * FROM claimed;
 -- name: job_claim_limited
 -- job_claim for queues that have settings (paused, or a concurrency or rate limit):
 -- queued -> running for up to %(limit)s runnable jobs in claim order, as they allow.
--- One index scan per queue, in active_jobs_claim_idx order, so a claim reads a handful of
--- index entries however long the backlog (a single scan over queue = ANY(...) cannot
--- use the index order, and would sort every queued row). With several queues each
--- scan locks up to %(limit)s rows and the best %(limit)s overall are claimed; the
--- others stay queued and are unlocked at commit.
+-- The candidates come from one index scan per queue and task, as in job_claim, each
+-- source's share counted among the first jobs that its queue's room allows, and no
+-- queue gives more than its room (ranked, after the jobs that make up a claim short of
+-- jobs other claims held).
 -- With a %(waiter)s (a worker that LISTENs), the claim also says whether that worker
 -- will wait: its rows in queue_waiters are replaced by one per queue, valid for
 -- %(waiter_seconds)s, when the claim came back short, and removed when it came back
@@ -357,20 +418,92 @@ WITH room AS MATERIALIZED (
         WHERE setting.rate_limit IS NOT NULL
     ) AS bucket ON true
 ),
-claimable AS (
-    SELECT candidate.id
+sources AS MATERIALIZED (
+    SELECT room.queue, served.task, room.jobs AS room
     FROM room
+    CROSS JOIN unnest(%(tasks)s::text[]) AS served (task)
+    WHERE room.jobs > 0
+      AND (cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) = 1
+           OR EXISTS (SELECT FROM {schema}.active_jobs
+                      WHERE state = 'queued'
+                        AND queue = room.queue
+                        AND task = served.task
+                        AND run_at <= now()))
+),
+shares AS (
+    SELECT queue, task, least(room, %(limit)s::int) AS jobs FROM sources
+    WHERE (SELECT count(*) FROM sources) = 1
+    UNION ALL
+    SELECT best.queue, best.task, count(*)::int AS jobs
+    FROM (
+        SELECT ranked.queue, ranked.task
+        FROM (
+            SELECT sources.queue, sources.task, sources.room,
+                   head.priority, head.run_at, head.id,
+                   row_number() OVER (PARTITION BY sources.queue
+                                      ORDER BY head.priority DESC, head.run_at, head.id)
+                       AS place
+            FROM sources
+            CROSS JOIN LATERAL (
+                SELECT id, priority, run_at FROM {schema}.active_jobs
+                WHERE state = 'queued'
+                  AND queue = sources.queue
+                  AND task = sources.task
+                  AND run_at <= now()
+                ORDER BY priority DESC, run_at, id
+                LIMIT least(sources.room, %(limit)s::int)
+            ) AS head
+        ) AS ranked
+        WHERE ranked.place <= ranked.room
+        ORDER BY ranked.priority DESC, ranked.run_at, ranked.id
+        LIMIT %(limit)s
+    ) AS best
+    WHERE (SELECT count(*) FROM sources) > 1
+    GROUP BY best.queue, best.task
+),
+taken AS (
+    SELECT shares.queue, candidate.id, candidate.priority, candidate.run_at
+    FROM shares
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM {schema}.active_jobs
         WHERE state = 'queued'
-          AND queue = room.queue
-          AND task = ANY(%(tasks)s::text[])
+          AND queue = shares.queue
+          AND task = shares.task
           AND run_at <= now()
         ORDER BY priority DESC, run_at, id
-        LIMIT room.jobs
+        LIMIT shares.jobs
         {lock}
     ) AS candidate
-    ORDER BY candidate.priority DESC, candidate.run_at, candidate.id
+),
+more AS (
+    SELECT sources.queue, candidate.id, candidate.priority, candidate.run_at
+    FROM sources
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM {schema}.active_jobs
+        WHERE state = 'queued'
+          AND queue = sources.queue
+          AND task = sources.task
+          AND run_at <= now()
+          AND id <> ALL(ARRAY(SELECT id FROM taken))
+        ORDER BY priority DESC, run_at, id
+        LIMIT least(sources.room, %(limit)s - (SELECT count(*) FROM taken))
+        {lock}
+    ) AS candidate
+    WHERE (SELECT count(*) FROM sources) > 1
+      AND (SELECT count(*) FROM taken) < (SELECT sum(jobs) FROM shares)
+),
+claimable AS (
+    SELECT ranked.id
+    FROM (
+        SELECT candidate.id, candidate.priority, candidate.run_at, room.jobs AS room,
+               row_number() OVER (PARTITION BY candidate.queue
+                                  ORDER BY candidate.priority DESC, candidate.run_at,
+                                           candidate.id) AS place
+        FROM (SELECT * FROM taken UNION ALL SELECT * FROM more) AS candidate
+        JOIN room ON room.queue = candidate.queue
+    ) AS ranked
+    WHERE ranked.place <= ranked.room
+    ORDER BY ranked.priority DESC, ranked.run_at, ranked.id
     LIMIT %(limit)s
 ),
 claimed AS (
@@ -1031,12 +1164,33 @@ SELECT 1 AS ok;
 -- one is runnable now), on the database clock, so a worker sleeps exactly until then.
 -- A paused queue's jobs are not waited for (resuming it notifies), and a rate-limited
 -- queue's only once its bucket holds a whole job.
-WITH next AS (
-    SELECT queue, min(run_at) AS run_at FROM {schema}.active_jobs
-    WHERE state = 'queued'
-      AND queue = ANY(%(queues)s::text[])
-      AND task = ANY(%(tasks)s::text[])
-    GROUP BY queue
+-- Reads, per queue and task asked for, the first queued job of each priority that has
+-- some, highest first: one probe of active_jobs_claim_idx each, which orders a priority's
+-- jobs by run_at, so its first is the one due soonest. However many jobs are queued,
+-- of those tasks or any other.
+WITH RECURSIVE firsts AS (
+    SELECT wanted.queue, served.task, first.priority, first.run_at
+    FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    CROSS JOIN unnest(%(tasks)s::text[]) AS served (task)
+    CROSS JOIN LATERAL (
+        SELECT priority, run_at FROM {schema}.active_jobs
+        WHERE state = 'queued' AND queue = wanted.queue AND task = served.task
+        ORDER BY priority DESC, run_at, id
+        LIMIT 1
+    ) AS first
+    UNION ALL
+    SELECT higher.queue, higher.task, lower.priority, lower.run_at
+    FROM firsts AS higher
+    CROSS JOIN LATERAL (
+        SELECT priority, run_at FROM {schema}.active_jobs
+        WHERE state = 'queued' AND queue = higher.queue AND task = higher.task
+          AND priority < higher.priority
+        ORDER BY priority DESC, run_at, id
+        LIMIT 1
+    ) AS lower
+),
+next AS (
+    SELECT queue, min(run_at) AS run_at FROM firsts GROUP BY queue
 )
 SELECT min(greatest(
            extract(epoch FROM next.run_at - now()),
