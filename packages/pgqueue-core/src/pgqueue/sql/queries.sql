@@ -246,14 +246,21 @@ WITH sources AS MATERIALIZED (
     SELECT wanted.queue, served.task
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
     CROSS JOIN unnest(%(tasks)s::text[]) AS served (task)
+    -- A probe in claim order: an index scan stopped at its first row (an EXISTS could be
+    -- planned as a sequential scan, which reads the whole table for a task with no job).
+    LEFT JOIN LATERAL (
+        SELECT true AS runnable FROM {schema}.active_jobs
+        WHERE state = 'queued'
+          AND queue = wanted.queue
+          AND task = served.task
+          AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT 1
+    ) AS probe ON cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) > 1
     WHERE NOT EXISTS (SELECT FROM {schema}.queue_settings AS setting
                       WHERE setting.queue = wanted.queue)
       AND (cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) = 1
-           OR EXISTS (SELECT FROM {schema}.active_jobs
-                      WHERE state = 'queued'
-                        AND queue = wanted.queue
-                        AND task = served.task
-                        AND run_at <= now()))
+           OR probe.runnable)
 ),
 shares AS (
     SELECT queue, task, %(limit)s::int AS jobs FROM sources
@@ -422,13 +429,19 @@ sources AS MATERIALIZED (
     SELECT room.queue, served.task, room.jobs AS room
     FROM room
     CROSS JOIN unnest(%(tasks)s::text[]) AS served (task)
+    -- A probe in claim order, as in job_claim.
+    LEFT JOIN LATERAL (
+        SELECT true AS runnable FROM {schema}.active_jobs
+        WHERE state = 'queued'
+          AND queue = room.queue
+          AND task = served.task
+          AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT 1
+    ) AS probe ON cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) > 1
     WHERE room.jobs > 0
       AND (cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) = 1
-           OR EXISTS (SELECT FROM {schema}.active_jobs
-                      WHERE state = 'queued'
-                        AND queue = room.queue
-                        AND task = served.task
-                        AND run_at <= now()))
+           OR probe.runnable)
 ),
 shares AS (
     SELECT queue, task, least(room, %(limit)s::int) AS jobs FROM sources
