@@ -26,7 +26,7 @@ from processes import environment, pgqueue_command, start_worker, stop
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from pgqueue import BatchItem, Job, JobSpec, JobState, Queue, WorkerProtocol, migrate
+from pgqueue import BatchItem, Job, JobSpec, JobState, Queue, WorkerProtocol, migrate, migrations
 from pgqueue.history import Day
 from pgqueue.roles import Roles, grant_roles, role_names
 from pgqueue.schedules import Schedule
@@ -411,7 +411,7 @@ def test_the_owner_migrates(logins: Logins, schema: str, db: psycopg.Connection)
     # A new schema, created by the owner: everything in it belongs to the group role.
     fresh = f"{schema}_new"
     try:
-        assert migrate(owner_url, fresh) == [1, 2, 3, 4]
+        assert migrate(owner_url, fresh) == [m.version for m in migrations.available()]
         owners = db.execute(
             "SELECT DISTINCT pg_get_userbyid(c.relowner) FROM pg_class AS c"
             " JOIN pg_namespace AS n ON n.oid = c.relnamespace WHERE n.nspname = %s",
