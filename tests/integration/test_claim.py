@@ -4,7 +4,9 @@ import threading
 import time
 from collections import Counter
 
+import psycopg
 import pytest
+from psycopg import sql
 
 from pgqueue import JobSpec, JobState, Queue, WorkerProtocol
 
@@ -50,6 +52,47 @@ def test_claim_respects_limit_queues_tasks_and_run_at(queue):
     assert protocol.claim(["a"], [], limit=10) == []
 
 
+def test_a_claim_of_several_queues_and_tasks_takes_their_best_jobs_in_claim_order(queue):
+    protocol = WorkerProtocol(queue)
+    for _ in range(3):
+        queue.enqueue("typo", priority=9)  # a task the claim does not ask for
+    a_low = queue.enqueue("a", priority=0).job
+    b_high = queue.enqueue("b", priority=5).job
+    a_high = queue.enqueue("a", priority=5).job
+    queue.enqueue("b", priority=0)
+    a_mid = queue.enqueue("a", priority=2).job
+    elsewhere = queue.enqueue("a", queue="q2", priority=7).job
+    claimed = protocol.claim(["default", "q2"], ["a", "b"], limit=4)
+    assert [j.id for j in claimed] == [elsewhere.id, b_high.id, a_high.id, a_mid.id]
+    rest = protocol.claim(["default", "q2"], ["a", "b"], limit=4)
+    assert [j.priority for j in rest] == [0, 0] and a_low.id in {j.id for j in rest}
+    assert {j.task for j in claimed + rest} == {"a", "b"}
+
+
+@pytest.mark.parametrize("settings", [False, True], ids=["plain", "with-settings"])
+def test_a_claim_comes_back_full_while_another_claim_holds_the_best_jobs(
+    queue, database_url, settings
+):
+    """The best jobs of the claim's tasks are all task a's, and another claim holds
+    them: the claim takes b's jobs instead of coming back short."""
+    protocol = WorkerProtocol(queue)
+    if settings:
+        # A queue with settings (none limiting) is claimed by job_claim_limited.
+        queue.update_queue("default", create=True)
+    queue.enqueue_many(JobSpec("a", priority=5) for _ in range(3))
+    bs = [result.job.id for result in queue.enqueue_many(JobSpec("b") for _ in range(5))]
+    with psycopg.connect(database_url) as other:
+        held = other.execute(
+            sql.SQL("SELECT id FROM {} WHERE task = 'a' FOR UPDATE").format(
+                sql.Identifier(queue.schema, "active_jobs")
+            )
+        ).fetchall()
+        assert len(held) == 3
+        claimed = protocol.claim(["default"], ["a", "b"], limit=4)
+        other.rollback()
+    assert [j.id for j in claimed] == bs[:4]
+
+
 @pytest.mark.parametrize("mode", ["skip-locked", "for-update"])
 def test_concurrent_claimers_never_share_a_job_and_together_take_all(queue, mode):
     total = 2000 if mode == "skip-locked" else 300
@@ -84,6 +127,12 @@ def test_next_run_in_is_the_wait_for_the_earliest_queued_job_of_these_tasks(queu
     queue.enqueue("t", delay_seconds=50)
     queue.enqueue("other", delay_seconds=5)
     assert 40 < protocol.next_run_in(["default"], ["t"]) <= 50
+    # Whatever their priority: a lower one due sooner, a higher one due later.
+    queue.enqueue("t", delay_seconds=30, priority=-3)
+    queue.enqueue("t", delay_seconds=80, priority=4)
+    queue.enqueue("u", delay_seconds=20, priority=1)
+    assert 20 < protocol.next_run_in(["default"], ["t"]) <= 30
+    assert 10 < protocol.next_run_in(["default"], ["t", "u"]) <= 20
     queue.enqueue("t")
     assert protocol.next_run_in(["default"], ["t"]) <= 0
 
@@ -125,7 +174,7 @@ def test_claims_reuse_one_generic_plan_and_leave_the_connections_settings_alone(
         assert len(claimed) == 40
         with queue.pool.connection() as conn:
             statement = "job_claim_limited" if limited else "job_claim"
-            marker = "room AS MATERIALIZED" if limited else "WITH claimable AS"
+            marker = "room AS MATERIALIZED" if limited else "WITH sources AS MATERIALIZED"
             plans = conn.execute(
                 "SELECT generic_plans, custom_plans FROM pg_prepared_statements"
                 " WHERE statement LIKE %s",

@@ -7,9 +7,10 @@ from datetime import timedelta
 
 import psycopg
 import pytest
+from lock_watch import LockedReads
 from psycopg import sql
 
-from pgqueue import JobState, Queue, WorkerProtocol, history
+from pgqueue import JobState, Queue, WorkerProtocol, history, queries
 from pgqueue.errors import JobNotFound
 
 
@@ -140,3 +141,154 @@ def test_the_coming_days_exist_after_migrating_and_a_pruner_round(queue: Queue, 
     assert _count(db, schema, history.Day(JobState.SUCCEEDED, today).name) == 1
     assert _count(db, schema, history.default_partition(JobState.SUCCEEDED)) == 0
     assert queue.get(job.id).state is JobState.SUCCEEDED
+
+
+# -- making days beside a DEFAULT partition that holds jobs -------------------------------
+
+
+def _drop(db: psycopg.Connection, schema: str, day: history.Day) -> None:
+    db.execute(sql.SQL("DROP TABLE {}").format(sql.Identifier(schema, day.name)))
+
+
+def _finished_at(db: psycopg.Connection, schema: str, count: int, when: str) -> None:
+    """``count`` succeeded jobs written straight into the history, finished at ``when``
+    (an SQL expression); a job no day covers lands in the DEFAULT partition."""
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {}.finished_jobs (id, queue, task, payload, priority, state, run_at,"
+            " attempts, max_attempts, enqueued_at, finished_at)"
+            " SELECT nextval({}), 'old', 't', jsonb_build_object('n', n, 'pad', repeat('x', 200)),"
+            " 0, 'succeeded', now(), 1, 5, now(), " + when + " FROM generate_series(1, %s) AS n"
+        ).format(sql.Identifier(schema), sql.Literal(f"{schema}.job_ids")),
+        (count,),
+    )
+
+
+def _fences(db: psycopg.Connection, schema: str) -> list[str]:
+    rows = db.execute(
+        "SELECT conname FROM pg_constraint AS c JOIN pg_class AS t ON t.oid = c.conrelid"
+        " JOIN pg_namespace AS n ON n.oid = t.relnamespace"
+        " WHERE n.nspname = %s AND t.relname LIKE %s",
+        (schema, "%default"),
+    ).fetchall()
+    return [name for (name,) in rows if "fence" in name]
+
+
+@pytest.fixture
+def watched(database_url: str, schema: str):
+    """A connection that notes each read of a DEFAULT partition under a lock that acks
+    wait for (see lock_watch)."""
+    with LockedReads.connect(database_url, autocommit=True) as conn:
+        yield conn.watch(schema)
+
+
+def test_a_day_whose_jobs_wait_in_a_small_default_partition_is_made_and_gets_them(
+    queue: Queue, db, schema
+):
+    today = history.days(db, schema)[1]
+    day = history.Day(JobState.SUCCEEDED, today)
+    _drop(db, schema, day)
+    protocol = WorkerProtocol(queue)
+    # Jobs finished while no day covered today: into the DEFAULT partition.
+    queue.enqueue("t")
+    acked = protocol.ack(protocol.claim(["default"], ["t"])[0], None)
+    _finished_at(db, schema, 20, "now()")
+    default = history.default_partition(JobState.SUCCEEDED)
+    assert _count(db, schema, default) == 21
+
+    made = history.create_days(db, schema)
+
+    assert _count(db, schema, day.name) == 21
+    assert _count(db, schema, default) == 0
+    assert queue.get(acked.id).state is JobState.SUCCEEDED
+    assert made.created == [day.name] and made.left == {}
+    # The day is a partition like any other: no constraint of its own.
+    constraints = db.execute(
+        "SELECT count(*) FROM pg_constraint WHERE conrelid = %s::regclass AND contype = 'c'",
+        (f"{schema}.{day.name}",),
+    ).fetchone()[0]
+    assert constraints == 0
+
+
+def _size(db: psycopg.Connection, schema: str, table: str) -> int:
+    return db.execute("SELECT pg_relation_size(%s::regclass)", (f"{schema}.{table}",)).fetchone()[0]
+
+
+def test_a_day_that_has_begun_is_not_made_beside_a_large_default_partition(
+    queue: Queue, db, schema, watched
+):
+    existing, today, _ = history.days(db, schema)
+    for day in existing:
+        if day.state is JobState.SUCCEEDED:
+            _drop(db, schema, day)
+    # More than a moment's read under the lock that acks would wait for (1 MiB).
+    _finished_at(db, schema, 10_000, "now()")
+    default = history.default_partition(JobState.SUCCEEDED)
+    assert _size(db, schema, default) > 1 << 20
+
+    made = history.create_days(watched, schema)
+
+    assert watched.found == []
+    later = [history.Day(JobState.SUCCEEDED, today + timedelta(days=n)) for n in (1, 2)]
+    assert set(later) <= set(history.days(db, schema)[0])
+    assert _count(db, schema, default) == 10_000
+    assert _fences(db, schema) == []
+    today_name = history.Day(JobState.SUCCEEDED, today).name
+    assert made.created == [day.name for day in later]
+    assert list(made.left) == [today_name]
+    assert "finish into" in made.left[today_name]
+    # Jobs finishing today still finish, into the DEFAULT partition.
+    protocol = WorkerProtocol(queue)
+    queue.enqueue("t")
+    acked = protocol.ack(protocol.claim(["default"], ["t"])[0], None)
+    assert _count(db, schema, default) == 10_001
+    assert queue.get(acked.id).state is JobState.SUCCEEDED
+
+
+def test_a_coming_day_is_made_beside_a_large_default_partition_and_gets_its_jobs(
+    queue: Queue, db, schema, watched
+):
+    today = history.days(db, schema)[1]
+    later = history.Day(JobState.SUCCEEDED, today + timedelta(days=2))
+    _drop(db, schema, later)
+    _finished_at(db, schema, 8_000, "now() - interval '30 days'")
+    # Jobs of that day, written by hand before it was made.
+    start = (today + timedelta(days=2)).isoformat()
+    _finished_at(db, schema, 2_500, f"'{start} 01:00+00'::timestamptz")
+    default = history.default_partition(JobState.SUCCEEDED)
+    assert _size(db, schema, default) > 1 << 20
+
+    made = history.create_days(watched, schema)
+
+    assert watched.found == []
+    assert later in history.days(db, schema)[0]
+    assert _count(db, schema, later.name) == 2_500
+    assert _count(db, schema, default) == 8_000
+    assert _fences(db, schema) == []
+    assert made.created == [later.name] and made.left == {}
+
+
+def test_a_fence_left_on_a_default_partition_is_taken_down_before_its_day(queue: Queue, db, schema):
+    """A round that began making today beside a large DEFAULT partition (a day ago, when
+    today was two days ahead) stopped midway: the fence would refuse today's acks."""
+    today = history.days(db, schema)[1]
+    day = history.Day(JobState.SUCCEEDED, today)
+    _drop(db, schema, day)
+    _finished_at(db, schema, 5, "now()")
+    parts = day._parts()
+    for name in ("history_fence_add", "history_day_table"):
+        db.execute(queries.compose(name, schema, **parts))
+    moved = db.execute(queries.compose("history_day_fill", schema, **parts), {"batch_size": 3})
+    assert moved.fetchone()[0] == 3
+    assert _fences(db, schema) == [day.fence]
+
+    history.create_days(db, schema)
+
+    assert _fences(db, schema) == []
+    # The day is made (its DEFAULT partition is small), with every one of its jobs.
+    assert day in history.days(db, schema)[0]
+    assert _count(db, schema, day.name) == 5
+    protocol = WorkerProtocol(queue)
+    queue.enqueue("t")
+    protocol.ack(protocol.claim(["default"], ["t"])[0], None)
+    assert _count(db, schema, day.name) == 6

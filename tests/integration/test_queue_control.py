@@ -62,6 +62,18 @@ def test_a_concurrency_limit_counts_the_running_jobs_of_every_worker(queue: Queu
     assert len(protocol.claim(["default"], ["t"], limit=5)) == 4  # the rest
 
 
+def test_a_concurrency_limit_holds_for_the_jobs_of_every_task_together(queue: Queue) -> None:
+    protocol = WorkerProtocol(queue)
+    _enqueue(queue, 4, task="a")
+    _enqueue(queue, 4, task="b")
+    _enqueue(queue, 4, "other", task="a")
+    queue.update_queue("default", concurrency_limit=3)
+    claimed = protocol.claim(["default", "other"], ["a", "b"], limit=10)
+    by_queue = {name: [j for j in claimed if j.queue == name] for name in ("default", "other")}
+    assert len(by_queue["default"]) == 3 and len(by_queue["other"]) == 4
+    assert protocol.claim(["default"], ["a", "b"], limit=10) == []
+
+
 def test_a_concurrency_limit_holds_when_many_claims_race(queue: Queue) -> None:
     """Each claim of a limited queue waits for the one before it: forty claims racing
     from eight threads never hold more than the limit between them."""

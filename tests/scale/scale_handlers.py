@@ -1,7 +1,8 @@
-"""Task handlers for the worker processes of the fleet test."""
+"""Task handlers for the worker processes of the scale tests."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 
@@ -10,4 +11,9 @@ def echo(payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
-HANDLERS = {"echo": echo}
+def nap(payload: dict[str, Any]) -> None:
+    """Sleep ``seconds``: workers that keep acking for a while."""
+    time.sleep(payload["seconds"])
+
+
+HANDLERS = {"echo": echo, "nap": nap}

@@ -36,6 +36,14 @@ def _params(name: str) -> dict[str, Any]:
             "waiter": None,
             "waiter_seconds": None,
         },
+        "job_claim_limited": {
+            **common,
+            "limit": 10,
+            "lease_seconds": 30,
+            "worker_id": "w",
+            "waiter": None,
+            "waiter_seconds": None,
+        },
         "job_expired_lock": {"limit": 1000},
         "job_next_run_delay": common,
         "queue_stats": {},
@@ -43,12 +51,17 @@ def _params(name: str) -> dict[str, Any]:
     }[name]
 
 
-def _buffers(db: psycopg.Connection, schema: str, name: str) -> tuple[int, dict[str, Any]]:
+def _buffers(
+    db: psycopg.Connection, schema: str, name: str, params: dict[str, Any] | None = None
+) -> tuple[int, dict[str, Any]]:
     """Pages the statement called ``name`` touches (shared hits + reads), run for real
-    inside a transaction that is rolled back, and its plan."""
+    inside a transaction that is rolled back, and its plan. A claim runs as a worker
+    runs it: on its generic plan (see job_claim_plan)."""
     explain = sql.SQL("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) ") + queries.bind(name, schema)
     with db.transaction(force_rollback=True):
-        (plan,) = db.execute(explain, _params(name)).fetchone()[0]
+        if name.startswith("job_claim"):
+            db.execute(queries.bind("job_claim_plan", schema))
+        (plan,) = db.execute(explain, _params(name) if params is None else params).fetchone()[0]
     top = plan["Plan"]
     return top["Shared Hit Blocks"] + top["Shared Read Blocks"], top
 
@@ -105,6 +118,61 @@ def test_claims_use_the_partial_claim_index(queue, db, schema, hot_set, history)
     _vacuum(db, schema)
     _, plan = _buffers(db, schema, "job_claim")
     assert "active_jobs_claim_idx" in _index_names(plan)
+
+
+UNSERVED_BACKLOG = 30_000
+
+
+@pytest.mark.parametrize("tasks", [["t"], ["t", "idle"]], ids=["one-task", "with-an-idle-task"])
+@pytest.mark.parametrize("name", ["job_claim", "job_claim_limited", "job_next_run_delay"])
+def test_claims_read_as_few_pages_with_a_backlog_of_tasks_they_do_not_serve(
+    name, tasks, queue, db, schema, hot_set
+):
+    """A worker serving task t (and one with no job, idle), in a queue that also holds a
+    long backlog of a task no one serves (a misspelt name, say), queued before t's jobs:
+    its claims and its check of when the next job is due read what they read without
+    that backlog."""
+    if name == "job_claim_limited":
+        # A queue with settings is claimed by job_claim_limited (here: updated_at only).
+        queue.update_queue("default", create=True)
+    params = {**_params(name), "tasks": tasks}
+    _vacuum(db, schema)
+    _, plan_without = _buffers(db, schema, name, params)
+    db.execute(
+        sql.SQL(
+            "INSERT INTO {} (queue, task, payload, run_at)"
+            " SELECT 'default', 'typo', '{{}}', now() - interval '1 hour'"
+            " FROM generate_series(1, %s)"
+        ).format(sql.Identifier(schema, "active_jobs")),
+        (UNSERVED_BACKLOG,),
+    )
+    _vacuum(db, schema)
+    _, plan = _buffers(db, schema, name, params)
+    with_backlog = _finding(plan)
+
+    assert with_backlog <= _finding(plan_without) + SLACK, (
+        f"{name} read {with_backlog} pages to find its jobs with {UNSERVED_BACKLOG} queued "
+        f"jobs of a task it does not serve, {_finding(plan_without)} without"
+    )
+
+
+def _pages(node: dict[str, Any]) -> int:
+    return node["Shared Hit Blocks"] + node["Shared Read Blocks"]
+
+
+def _finding(plan: dict[str, Any]) -> int:
+    """The pages a statement read to find its jobs: all it touched but what a claim's
+    UPDATE of the jobs it chose did (fetch them by primary key, write their new
+    versions and index entries), which grows with the jobs claimed and the depth of
+    the table's indexes, not with the jobs looked at."""
+    pages = _pages(plan)
+    for part in plan.get("Plans", []):
+        if part["Node Type"] == "ModifyTable" and part.get("Relation Name") == "active_jobs":
+            chosen = part.get("Plans", [])
+            pages -= _pages(part) - sum(
+                _pages(c) for c in chosen if c.get("Parent Relationship") == "InitPlan"
+            )
+    return pages
 
 
 HEARTBEAT_JOBS = 20

@@ -7,13 +7,24 @@ from psycopg import sql
 
 from pgqueue import migrations, queries
 
+# A day's placeholders (see pgqueue.history.Day).
+DAY = {
+    "partition": sql.Identifier("p"),
+    "parent": sql.Identifier("q"),
+    "default": sql.Identifier("d"),
+    "fence": sql.Identifier("f"),
+    "bound": sql.Identifier("b"),
+    "state": sql.Literal("succeeded"),
+    "start": sql.Literal("2026-01-01"),
+    "end": sql.Literal("2026-01-02"),
+}
+
 # The statements with placeholders of their own, and what fills them.
 PARTS = {
-    "history_day_create": {
-        "partition": sql.Identifier("p"),
-        "parent": sql.Identifier("q"),
-        "start": sql.Literal("2026-01-01"),
-        "end": sql.Literal("2026-01-02"),
+    **{
+        name: DAY
+        for name in queries.query_names()
+        if name.startswith(("history_day_", "history_fence_", "history_default_lock"))
     },
     "history_day_lock": {"partition": sql.Identifier("p")},
     "history_day_release": {"partition": sql.Identifier("p")},
@@ -39,9 +50,10 @@ def test_every_named_query_binds_to_a_schema(name):
 def test_claim_modes_differ_only_in_the_row_lock_of_the_candidates():
     skip = queries.bind("job_claim", "s", "skip-locked").as_string(None)
     plain = queries.bind("job_claim", "s", "for-update").as_string(None)
-    # The candidates' lock comes first; the waiters' records are always skipped when locked.
+    # The candidates' locks (a source's share, and what makes up a short claim) come
+    # first; the waiters' records are always skipped when locked.
     assert skip != plain
-    assert skip.replace("FOR UPDATE SKIP LOCKED", "FOR UPDATE", 1) == plain
+    assert skip.replace("FOR UPDATE SKIP LOCKED", "FOR UPDATE", 2) == plain
 
 
 def test_migrations_are_numbered_from_one_without_gaps():

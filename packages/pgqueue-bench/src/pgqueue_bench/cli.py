@@ -16,6 +16,7 @@ from pgqueue_bench.scale import scale_command
 from pgqueue_bench.soak import soak_command
 from pgqueue_bench.throughput import throughput_command
 from pgqueue_bench.ui import ui_command
+from pgqueue_bench.unserved import unserved_command
 
 
 @click.group("bench")
@@ -33,5 +34,6 @@ bench.add_command(enqueue_command)
 bench.add_command(api_command)
 bench.add_command(ui_command)
 bench.add_command(soak_command)
+bench.add_command(unserved_command)
 bench.add_command(plot_command)
 bench.add_command(report_command)

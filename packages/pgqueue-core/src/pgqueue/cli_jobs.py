@@ -187,8 +187,19 @@ def retry(job_id: int, database_url: str | None, schema: str) -> None:
 def prune(
     older_than: str, states: tuple[str, ...], batch_size: int, database_url: str | None, schema: str
 ) -> None:
-    """Delete finished jobs, in small batches."""
+    """Delete finished jobs, in small batches.
+
+    Also creates the history's coming days (today and the next two) that are missing,
+    when run as the role that owns them: a cron job that prunes in place of the workers'
+    pruner keeps the days made too."""
     seconds = parse_duration(older_than)
     with open_queue(database_url, schema) as queue:
+        # Under another role (a worker's, see docs/roles.md) the days are the owner's.
+        made = queue.create_days() if queue.owns_history() else None
         deleted = queue.prune(seconds, states or FINISHED_STATES, batch_size=batch_size)
+    if made is not None and made.created:
+        click.echo(f"created the history's days {', '.join(made.created)}")
+    if made is not None:
+        for name, why in made.left.items():
+            click.echo(f"{name} not created: {why}", err=True)
     click.echo(f"pruned {deleted} jobs")

@@ -54,16 +54,38 @@ class PruneMethods(QueueBase):
             if deleted < batch_size:
                 return total
 
+    def create_days(self) -> history.DaysMade:
+        """Create the coming days of the finished jobs' partitions that do not exist yet,
+        from today to two days ahead, and say which were created and which were left
+        (see :mod:`pgqueue.history`). A day is never created by reading a large DEFAULT
+        partition under a lock that acks wait for: one that has begun beside a large
+        DEFAULT partition is left, its jobs finishing into DEFAULT.
+
+        Each step is a short transaction holding the pruner's transaction-scoped
+        advisory lock; while another process holds it, this call stops, leaving the rest
+        for the next. Needs the role that owns the history (see :meth:`owns_history`):
+        raises InsufficientPrivilege otherwise, when a day is missing."""
+        with self._connection() as conn:
+            return history.create_days(conn, self.schema, self._pruner_turn)
+
+    def owns_history(self) -> bool:
+        """Whether this queue's role may create and drop the history's days (it owns the
+        finished jobs' tables, or is a member of the role that does)."""
+        with self._connection() as conn:
+            return history.owned(conn, self.schema)
+
     def prune_expired(
         self,
         retention: Mapping[str | JobState, timedelta | float],
         *,
         batch_size: int = 500,
         max_batches: int = 100,
+        create_days: bool = True,
     ) -> int | None:
         """The automatic pruner's round: create the coming days of the finished jobs'
-        partitions, drop the days past their state's retention, and delete the jobs past
-        it from the DEFAULT partitions (see :mod:`pgqueue.history`).
+        partitions (as :meth:`create_days` does; ``create_days=False`` leaves them to
+        it), drop the days past their state's retention, and delete the jobs past it
+        from the DEFAULT partitions (see :mod:`pgqueue.history`).
 
         ``retention`` maps finished states to how long after finishing their jobs are
         kept; states left out are kept forever. A job is dropped with its day, so it is
@@ -82,16 +104,10 @@ class PruneMethods(QueueBase):
         if isinstance(max_batches, bool) or not isinstance(max_batches, int) or max_batches < 1:
             raise ValidationError("max_batches", "must be a positive integer")
         rules = dict(_retention_rules(retention))
-        key = advisory_key("prune", self.schema)
-
-        def our_turn(conn: psycopg.Connection) -> bool:
-            locked: bool = queries.one_row(
-                conn.execute(self._sql("pruner_try_lock"), {"key": key})
-            )[0]
-            return locked
-
+        our_turn = self._pruner_turn
         with self._connection() as conn:
-            history.create_days(conn, self.schema, our_turn)
+            if create_days:
+                history.create_days(conn, self.schema, our_turn)
             dropped = history.drop_expired_days(conn, self.schema, rules, our_turn)
         if dropped is None:
             return None
@@ -116,6 +132,13 @@ class PruneMethods(QueueBase):
                 if deleted < batch_size:
                     break
         return total
+
+    def _pruner_turn(self, conn: psycopg.Connection) -> bool:
+        """Take the pruner's transaction-scoped lock in ``conn``'s transaction, if no one
+        holds it: one process changes the history at a time."""
+        key = advisory_key("prune", self.schema)
+        locked: bool = queries.one_row(conn.execute(self._sql("pruner_try_lock"), {"key": key}))[0]
+        return locked
 
 
 def _retention_rules(

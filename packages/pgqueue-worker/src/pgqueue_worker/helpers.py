@@ -2,9 +2,9 @@
 
 The claimer and the outcome writer run the claim loop's statements; the heartbeat
 extends its leases and renews its row in the worker registry; the reaper puts expired
-leases back; the pruner, the scheduler and the listener run as the worker's settings
-ask. Each calls back into the claim loop through its
-:class:`~pgqueue_worker.handover.Handover`.
+leases back; the day maker creates the history's coming days; the pruner, the scheduler
+and the listener run as the worker's settings ask. Each calls back into the claim loop
+through its :class:`~pgqueue_worker.handover.Handover`.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from pgqueue import WorkerProtocol
 from pgqueue.settings import notify_channel
 from pgqueue_worker import connections
 from pgqueue_worker.claims import Claimer
+from pgqueue_worker.day_maker import DayMaker
 from pgqueue_worker.executor import Attempt, Executor
 from pgqueue_worker.handover import Handover
 from pgqueue_worker.heartbeat import Heartbeat
@@ -116,6 +117,8 @@ class Helpers:
             worker=self._me,
         )
         reaper = Reaper(protocol, interval=worker.reap_interval, health=health)
+        # Whatever the retention: days are made even when nothing is ever pruned.
+        day_maker = DayMaker(queue, health=health)
         self._pruner = None
         retention = worker.retention
         if retention is not None and retention.rules() and worker.prune_interval > 0:
@@ -138,6 +141,7 @@ class Helpers:
         services: tuple[StoppableThread | None, ...] = (
             heartbeat,
             reaper,
+            day_maker,
             self._pruner,
             self._scheduler,
             listener,

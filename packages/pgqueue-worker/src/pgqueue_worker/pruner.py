@@ -9,7 +9,8 @@ autovacuum a steady trickle of dead rows instead of one huge DELETE's worth.
 Pruning is schema-wide, like reaping: retention is a property of the jobs table, not of
 the queues a worker happens to serve, and a queue that no running worker serves would
 otherwise keep its finished jobs forever. A worker started with ``--prune-interval 0``
-leaves pruning to the others.
+leaves pruning to the others. The coming days of the history are not the pruner's: every
+worker's day maker creates them (see :mod:`pgqueue_worker.day_maker`), pruning or not.
 
 Dead jobs are kept longer than succeeded ones by default: they are the ones somebody
 may still want to look at, or retry.
@@ -108,8 +109,10 @@ class Pruner(PeriodicService):
         rules = self.retention.rules()
         if not rules:
             return False
+        # The coming days are the day maker's (see day_maker.py), which every worker
+        # runs, pruning or not.
         deleted = self.queue.prune_expired(
-            rules, batch_size=self.batch_size, max_batches=self.max_batches
+            rules, batch_size=self.batch_size, max_batches=self.max_batches, create_days=False
         )
         if deleted is None:
             return False  # another process holds the pruner lock; this one wrote nothing

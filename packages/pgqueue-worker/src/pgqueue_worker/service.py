@@ -56,6 +56,11 @@ class PeriodicService(StoppableThread):
         database takes writes again after an outage)."""
         raise NotImplementedError
 
+    def initial_delay(self) -> float:
+        """Seconds from the start to the first round: with jitter, a random share of the
+        interval, so that workers started together spread their first rounds out."""
+        return random.uniform(0, self.interval) if self._jitter else self.interval
+
     def next_delay(self) -> float:
         """Seconds from the end of a round to the next: ``interval``, unless a service
         knows better (the scheduler sleeps until the next tick is due)."""
@@ -63,8 +68,7 @@ class PeriodicService(StoppableThread):
 
     def _run(self) -> None:
         backoff = Backoff(maximum=self.interval)
-        # With jitter, workers started together spread their first rounds out.
-        delay = random.uniform(0, self.interval) if self._jitter else self.interval
+        delay = self.initial_delay()
         while not self._stopped.wait(delay):
             try:
                 wrote = self.tick()

@@ -2,11 +2,12 @@
 
 :class:`Worker` holds the worker's settings, checked. Its :meth:`~Worker.run` runs the
 claim loop (:mod:`pgqueue_worker.claim_loop`), which owns the worker's bookkeeping, and
-around it five helpers (:mod:`pgqueue_worker.helpers`), each on a thread of its own: the
+around it its helpers (:mod:`pgqueue_worker.helpers`), each on a thread of its own: the
 claimer, the outcome writer, the heartbeat (one statement per interval extends every
 lease this worker holds, on a connection of its own), the reaper (puts expired leases
-back, at most one worker at a time), and the listener (LISTEN/NOTIFY wake-ups, polling
-as the fallback).
+back, at most one worker at a time), the day maker (creates the history's coming days),
+the listener (LISTEN/NOTIFY wake-ups, polling as the fallback), and the pruner and the
+scheduler as its settings ask.
 
 Delivery is at least once. An outcome is written only under the lease it was claimed
 with, so a worker that lost its lease (cancelled, or reaped after a stall) can never

@@ -204,9 +204,9 @@ WHERE taken.key = gone.idempotency_key AND taken.job_id = gone.id;
 -- name: job_claim_plan
 -- Run first in a claim's transaction: job_claim and job_claim_limited run with their
 -- prepared statement's generic plan, and without JIT, until the claim commits.
--- Their plans do not depend on their parameters: each queue's candidates come from one
--- scan of active_jobs_claim_idx in its order, stopped after the claim's LIMIT, whatever
--- its value. But a generic plan prices a LIMIT parameter as a tenth of the table, so by
+-- Their plans do not depend on their parameters: each queue and task's candidates come
+-- from one scan of active_jobs_claim_idx in its order, stopped after the claim's LIMIT,
+-- whatever its value. But a generic plan prices a LIMIT parameter as a tenth of the table, so by
 -- default PostgreSQL keeps choosing a custom plan and plans the claim anew at every
 -- call, which on a busy queue is a large share of the claim's time on the server. That
 -- pricing would also turn JIT on for a long backlog, compiling the claim at every call
@@ -223,11 +223,18 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 -- job_claim_times, run next, says so, for the caller to claim it with
 -- job_claim_limited from then on (WorkerProtocol.claim does). A pause therefore holds from the
 -- first claim after it commits, whichever statement a worker was using.
--- One index scan per queue, in active_jobs_claim_idx order, so a claim reads a handful of
--- index entries however long the backlog (a single scan over queue = ANY(...) cannot
--- use the index order, and would sort every queued row). With several queues each
--- scan locks up to %(limit)s rows and the best %(limit)s overall are claimed; the
--- others stay queued and are unlocked at commit.
+-- The candidates come from index scans of active_jobs_claim_idx, one per queue and task
+-- (a source), each in claim order and stopped after the rows it gives, so a claim reads
+-- a handful of index entries however long the backlog, of its tasks or of any other
+-- (a single scan over queue = ANY(...) or task = ANY(...) cannot use the index order,
+-- and would read every queued row of the queue). A source with no runnable job costs
+-- one probe (sources). Each source locks only its share of the claim (shares): all of
+-- it when one source has runnable jobs, the common case; else the number of its jobs
+-- among the best %(limit)s of the sources' first %(limit)s each, read without locks.
+-- Jobs that another claim holds are skipped (SKIP LOCKED) and the source's next ones
+-- taken; should a source run out that way (fewer taken than the shares), the sources'
+-- next jobs make up the claim (more), so that a claim comes back short only when there
+-- are no more jobs to claim. The best %(limit)s candidates are claimed, in claim order.
 -- With a %(waiter)s (a worker that LISTENs), the claim also says whether that worker
 -- will wait: its rows in queue_waiters are replaced by one per queue, valid for
 -- %(waiter_seconds)s, when the claim came back short, and removed when it came back
@@ -235,21 +242,83 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 -- the table has no unique key for a new row to wait on (a claim cut off mid-statement
 -- may leave a transaction holding rows until the server notices; its rows then only
 -- expire).
-WITH claimable AS (
-    SELECT candidate.id
+WITH sources AS MATERIALIZED (
+    SELECT wanted.queue, served.task
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    CROSS JOIN unnest(%(tasks)s::text[]) AS served (task)
+    -- A probe in claim order: an index scan stopped at its first row (an EXISTS could be
+    -- planned as a sequential scan, which reads the whole table for a task with no job).
+    LEFT JOIN LATERAL (
+        SELECT true AS runnable FROM {schema}.active_jobs
+        WHERE state = 'queued'
+          AND queue = wanted.queue
+          AND task = served.task
+          AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT 1
+    ) AS probe ON cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) > 1
+    WHERE NOT EXISTS (SELECT FROM {schema}.queue_settings AS setting
+                      WHERE setting.queue = wanted.queue)
+      AND (cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) = 1
+           OR probe.runnable)
+),
+shares AS (
+    SELECT queue, task, %(limit)s::int AS jobs FROM sources
+    WHERE (SELECT count(*) FROM sources) = 1
+    UNION ALL
+    SELECT best.queue, best.task, count(*)::int AS jobs
+    FROM (
+        SELECT sources.queue, sources.task
+        FROM sources
+        CROSS JOIN LATERAL (
+            SELECT id, priority, run_at FROM {schema}.active_jobs
+            WHERE state = 'queued'
+              AND queue = sources.queue
+              AND task = sources.task
+              AND run_at <= now()
+            ORDER BY priority DESC, run_at, id
+            LIMIT %(limit)s
+        ) AS head
+        ORDER BY head.priority DESC, head.run_at, head.id
+        LIMIT %(limit)s
+    ) AS best
+    WHERE (SELECT count(*) FROM sources) > 1
+    GROUP BY best.queue, best.task
+),
+taken AS (
+    SELECT candidate.id, candidate.priority, candidate.run_at
+    FROM shares
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM {schema}.active_jobs
         WHERE state = 'queued'
-          AND queue = wanted.queue
-          AND task = ANY(%(tasks)s::text[])
+          AND queue = shares.queue
+          AND task = shares.task
           AND run_at <= now()
-          AND NOT EXISTS (SELECT FROM {schema}.queue_settings AS setting
-                          WHERE setting.queue = wanted.queue)
         ORDER BY priority DESC, run_at, id
-        LIMIT %(limit)s
+        LIMIT shares.jobs
         {lock}
     ) AS candidate
+),
+more AS (
+    SELECT candidate.id, candidate.priority, candidate.run_at
+    FROM sources
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM {schema}.active_jobs
+        WHERE state = 'queued'
+          AND queue = sources.queue
+          AND task = sources.task
+          AND run_at <= now()
+          AND id <> ALL(ARRAY(SELECT id FROM taken))
+        ORDER BY priority DESC, run_at, id
+        LIMIT %(limit)s - (SELECT count(*) FROM taken)
+        {lock}
+    ) AS candidate
+    WHERE (SELECT count(*) FROM sources) > 1
+      AND (SELECT count(*) FROM taken) < (SELECT sum(jobs) FROM shares)
+),
+claimable AS (
+    SELECT candidate.id
+    FROM (SELECT * FROM taken UNION ALL SELECT * FROM more) AS candidate
     ORDER BY candidate.priority DESC, candidate.run_at, candidate.id
     LIMIT %(limit)s
 ),
@@ -299,11 +368,10 @@ SELECT * FROM claimed;
 -- name: job_claim_limited
 -- job_claim for queues that have settings (paused, or a concurrency or rate limit):
 -- queued -> running for up to %(limit)s runnable jobs in claim order, as they allow.
--- One index scan per queue, in active_jobs_claim_idx order, so a claim reads a handful of
--- index entries however long the backlog (a single scan over queue = ANY(...) cannot
--- use the index order, and would sort every queued row). With several queues each
--- scan locks up to %(limit)s rows and the best %(limit)s overall are claimed; the
--- others stay queued and are unlocked at commit.
+-- The candidates come from one index scan per queue and task, as in job_claim, each
+-- source's share counted among the first jobs that its queue's room allows, and no
+-- queue gives more than its room (ranked, after the jobs that make up a claim short of
+-- jobs other claims held).
 -- With a %(waiter)s (a worker that LISTENs), the claim also says whether that worker
 -- will wait: its rows in queue_waiters are replaced by one per queue, valid for
 -- %(waiter_seconds)s, when the claim came back short, and removed when it came back
@@ -357,20 +425,98 @@ WITH room AS MATERIALIZED (
         WHERE setting.rate_limit IS NOT NULL
     ) AS bucket ON true
 ),
-claimable AS (
-    SELECT candidate.id
+sources AS MATERIALIZED (
+    SELECT room.queue, served.task, room.jobs AS room
     FROM room
+    CROSS JOIN unnest(%(tasks)s::text[]) AS served (task)
+    -- A probe in claim order, as in job_claim.
+    LEFT JOIN LATERAL (
+        SELECT true AS runnable FROM {schema}.active_jobs
+        WHERE state = 'queued'
+          AND queue = room.queue
+          AND task = served.task
+          AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT 1
+    ) AS probe ON cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) > 1
+    WHERE room.jobs > 0
+      AND (cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) = 1
+           OR probe.runnable)
+),
+shares AS (
+    SELECT queue, task, least(room, %(limit)s::int) AS jobs FROM sources
+    WHERE (SELECT count(*) FROM sources) = 1
+    UNION ALL
+    SELECT best.queue, best.task, count(*)::int AS jobs
+    FROM (
+        SELECT ranked.queue, ranked.task
+        FROM (
+            SELECT sources.queue, sources.task, sources.room,
+                   head.priority, head.run_at, head.id,
+                   row_number() OVER (PARTITION BY sources.queue
+                                      ORDER BY head.priority DESC, head.run_at, head.id)
+                       AS place
+            FROM sources
+            CROSS JOIN LATERAL (
+                SELECT id, priority, run_at FROM {schema}.active_jobs
+                WHERE state = 'queued'
+                  AND queue = sources.queue
+                  AND task = sources.task
+                  AND run_at <= now()
+                ORDER BY priority DESC, run_at, id
+                LIMIT least(sources.room, %(limit)s::int)
+            ) AS head
+        ) AS ranked
+        WHERE ranked.place <= ranked.room
+        ORDER BY ranked.priority DESC, ranked.run_at, ranked.id
+        LIMIT %(limit)s
+    ) AS best
+    WHERE (SELECT count(*) FROM sources) > 1
+    GROUP BY best.queue, best.task
+),
+taken AS (
+    SELECT shares.queue, candidate.id, candidate.priority, candidate.run_at
+    FROM shares
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM {schema}.active_jobs
         WHERE state = 'queued'
-          AND queue = room.queue
-          AND task = ANY(%(tasks)s::text[])
+          AND queue = shares.queue
+          AND task = shares.task
           AND run_at <= now()
         ORDER BY priority DESC, run_at, id
-        LIMIT room.jobs
+        LIMIT shares.jobs
         {lock}
     ) AS candidate
-    ORDER BY candidate.priority DESC, candidate.run_at, candidate.id
+),
+more AS (
+    SELECT sources.queue, candidate.id, candidate.priority, candidate.run_at
+    FROM sources
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM {schema}.active_jobs
+        WHERE state = 'queued'
+          AND queue = sources.queue
+          AND task = sources.task
+          AND run_at <= now()
+          AND id <> ALL(ARRAY(SELECT id FROM taken))
+        ORDER BY priority DESC, run_at, id
+        LIMIT least(sources.room, %(limit)s - (SELECT count(*) FROM taken))
+        {lock}
+    ) AS candidate
+    WHERE (SELECT count(*) FROM sources) > 1
+      AND (SELECT count(*) FROM taken) < (SELECT sum(jobs) FROM shares)
+),
+claimable AS (
+    SELECT ranked.id
+    FROM (
+        SELECT candidate.id, candidate.priority, candidate.run_at, room.jobs AS room,
+               row_number() OVER (PARTITION BY candidate.queue
+                                  ORDER BY candidate.priority DESC, candidate.run_at,
+                                           candidate.id) AS place
+        FROM (SELECT * FROM taken UNION ALL SELECT * FROM more) AS candidate
+        JOIN room ON room.queue = candidate.queue
+    ) AS ranked
+    WHERE ranked.place <= ranked.room
+    ORDER BY ranked.priority DESC, ranked.run_at, ranked.id
     LIMIT %(limit)s
 ),
 claimed AS (
@@ -1184,12 +1330,33 @@ SELECT 1 AS ok;
 -- one is runnable now), on the database clock, so a worker sleeps exactly until then.
 -- A paused queue's jobs are not waited for (resuming it notifies), and a rate-limited
 -- queue's only once its bucket holds a whole job.
-WITH next AS (
-    SELECT queue, min(run_at) AS run_at FROM {schema}.active_jobs
-    WHERE state = 'queued'
-      AND queue = ANY(%(queues)s::text[])
-      AND task = ANY(%(tasks)s::text[])
-    GROUP BY queue
+-- Reads, per queue and task asked for, the first queued job of each priority that has
+-- some, highest first: one probe of active_jobs_claim_idx each, which orders a priority's
+-- jobs by run_at, so its first is the one due soonest. However many jobs are queued,
+-- of those tasks or any other.
+WITH RECURSIVE firsts AS (
+    SELECT wanted.queue, served.task, first.priority, first.run_at
+    FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    CROSS JOIN unnest(%(tasks)s::text[]) AS served (task)
+    CROSS JOIN LATERAL (
+        SELECT priority, run_at FROM {schema}.active_jobs
+        WHERE state = 'queued' AND queue = wanted.queue AND task = served.task
+        ORDER BY priority DESC, run_at, id
+        LIMIT 1
+    ) AS first
+    UNION ALL
+    SELECT higher.queue, higher.task, lower.priority, lower.run_at
+    FROM firsts AS higher
+    CROSS JOIN LATERAL (
+        SELECT priority, run_at FROM {schema}.active_jobs
+        WHERE state = 'queued' AND queue = higher.queue AND task = higher.task
+          AND priority < higher.priority
+        ORDER BY priority DESC, run_at, id
+        LIMIT 1
+    ) AS lower
+),
+next AS (
+    SELECT queue, min(run_at) AS run_at FROM firsts GROUP BY queue
 )
 SELECT min(greatest(
            extract(epoch FROM next.run_at - now()),
@@ -1252,12 +1419,114 @@ ORDER BY child.relname;
 -- round.
 SELECT set_config('lock_timeout', '2s', true) AS lock_timeout;
 
--- name: history_day_create
--- One day of one state's finished jobs, [start, end) in UTC. Fails (check_violation)
--- while that state's DEFAULT partition holds rows of that day; they stay there.
-CREATE TABLE IF NOT EXISTS {schema}.{partition}
-    PARTITION OF {schema}.{parent}
-    FOR VALUES FROM ({start}) TO ({end});
+-- name: history_owned
+-- Whether this session's role may create and drop the history's days: PostgreSQL
+-- allows a partition to be attached only by the owner of its parent (or a member of
+-- the owner's role).
+SELECT coalesce(pg_has_role(table_.relowner, 'USAGE'), false) AS owned
+FROM pg_class AS table_
+JOIN pg_namespace AS ns ON ns.oid = table_.relnamespace
+WHERE ns.nspname = %(schema)s AND table_.relname = 'finished_jobs';
+
+-- name: history_default_size
+-- The size on disk of one state's DEFAULT partition, in bytes: whether attaching a day
+-- may check it under a lock that acks wait for (see pgqueue.history).
+SELECT pg_relation_size(table_.oid) AS bytes
+FROM pg_class AS table_
+JOIN pg_namespace AS ns ON ns.oid = table_.relnamespace
+WHERE ns.nspname = %(schema)s AND table_.relname = %(table)s;
+
+-- name: history_default_lock
+-- Nothing finishes into, or is read from, a DEFAULT partition while one of its days is
+-- moved out of it and attached: for a moment, as the partition is small.
+LOCK TABLE {schema}.{default} IN ACCESS EXCLUSIVE MODE;
+
+-- name: history_day_table
+-- A day's table, created on its own (not yet a partition) unless it exists: the columns,
+-- defaults and indexes of its state's partitions, and a constraint that it holds only
+-- rows of that state and day ({bound}), so that attaching it need not read it.
+CREATE TABLE IF NOT EXISTS {schema}.{partition} (
+    LIKE {schema}.{parent} INCLUDING ALL,
+    CONSTRAINT {bound} CHECK (state = {state} AND finished_at >= {start} AND finished_at < {end})
+);
+
+-- name: history_day_fill
+-- Moves up to %(batch_size)s jobs of a day from its state's DEFAULT partition into the
+-- day's table, before it is attached; skips rows locked now (a retry or a prune of
+-- them), which the next batch finds. Returns how many moved.
+WITH moved AS (
+    DELETE FROM {schema}.{default}
+    WHERE ctid = ANY(ARRAY(
+        SELECT ctid FROM {schema}.{default}
+        WHERE finished_at >= {start} AND finished_at < {end}
+        LIMIT %(batch_size)s
+        FOR UPDATE SKIP LOCKED
+    ))
+    RETURNING *
+),
+filled AS (
+    INSERT INTO {schema}.{partition} SELECT * FROM moved
+)
+SELECT count(*) AS jobs FROM moved;
+
+-- name: history_day_attach
+-- A day's table becomes the day's partition. Reads neither it (its {bound} says what
+-- it holds) nor, when the DEFAULT partition has the day's fence, the DEFAULT partition;
+-- otherwise the DEFAULT partition is read, under its lock (only when it is small).
+ALTER TABLE {schema}.{parent}
+    ATTACH PARTITION {schema}.{partition} FOR VALUES FROM ({start}) TO ({end});
+
+-- name: history_day_unbound
+-- Once attached, the partition's bound says what its constraint said.
+ALTER TABLE {schema}.{partition} DROP CONSTRAINT IF EXISTS {bound};
+
+-- name: history_fence_add
+-- A large DEFAULT partition refuses a coming day's rows from now on ({fence}), without
+-- reading it (NOT VALID), while the day is made; see pgqueue.history.
+ALTER TABLE {schema}.{default}
+    ADD CONSTRAINT {fence} CHECK (finished_at < {start} OR finished_at >= {end}) NOT VALID;
+
+-- name: history_fence_validate
+-- Reads the whole DEFAULT partition, to prove it holds none of the day's rows, under a
+-- lock that neither acks nor readers wait for (SHARE UPDATE EXCLUSIVE).
+ALTER TABLE {schema}.{default} VALIDATE CONSTRAINT {fence};
+
+-- name: history_fence_drop
+ALTER TABLE {schema}.{default} DROP CONSTRAINT IF EXISTS {fence};
+
+-- name: history_fences
+-- The names of the fences on the DEFAULT partitions (see history_fence_add).
+SELECT fence.conname AS fence
+FROM pg_constraint AS fence
+JOIN pg_class AS default_ ON default_.oid = fence.conrelid
+JOIN pg_namespace AS ns ON ns.oid = default_.relnamespace
+WHERE ns.nspname = %(schema)s
+  AND default_.relname IN ('finished_jobs_succeeded_default', 'finished_jobs_dead_default',
+                           'finished_jobs_cancelled_default')
+  AND fence.contype = 'c'
+  AND fence.conname LIKE 'finished\_jobs\_%%\_default\_fence\_p%%'
+ORDER BY fence.conname;
+
+-- name: history_fence
+-- Whether a fence is validated (no row: there is no such fence).
+SELECT fence.convalidated AS validated
+FROM pg_constraint AS fence
+JOIN pg_class AS default_ ON default_.oid = fence.conrelid
+JOIN pg_namespace AS ns ON ns.oid = default_.relnamespace
+WHERE ns.nspname = %(schema)s AND fence.conname = %(fence)s AND fence.contype = 'c';
+
+-- name: history_table
+-- Whether a table of the history is a partition (no row: there is no such table).
+SELECT table_.relispartition AS attached
+FROM pg_class AS table_
+JOIN pg_namespace AS ns ON ns.oid = table_.relnamespace
+WHERE ns.nspname = %(schema)s AND table_.relname = %(table)s AND table_.relkind = 'r';
+
+-- name: history_day_unstage
+-- A day given up before it was attached: the jobs moved into its table go back to the
+-- DEFAULT partition, through the state's table, once the fence is gone (history_day_drop
+-- then drops the table).
+INSERT INTO {schema}.{parent} SELECT * FROM {schema}.{partition};
 
 -- name: history_day_lock
 -- Nothing may finish into, or retry out of, a day while it is counted and dropped.

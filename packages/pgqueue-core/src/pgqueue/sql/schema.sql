@@ -90,8 +90,11 @@ CREATE TABLE {schema}.active_jobs (
     autovacuum_vacuum_cost_delay = 1
 );
 
--- The claim path reads only queued rows, in claim order.
-CREATE INDEX active_jobs_claim_idx ON {schema}.active_jobs (queue, priority DESC, run_at, id)
+-- The claim path reads only queued rows, in claim order, per queue and task: a worker
+-- claims only the tasks it serves, so a claim reads the jobs of those tasks and never
+-- the backlog of others (see job_claim).
+CREATE INDEX active_jobs_claim_idx
+    ON {schema}.active_jobs (queue, task, priority DESC, run_at, id)
     WHERE state = 'queued';
 
 -- The reaper reads only running rows. lease_expires_at is deliberately not indexed
