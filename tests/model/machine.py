@@ -4,6 +4,7 @@ rules share (tests/model/rules_*.py hold the rules, invariants.py the invariants
 from __future__ import annotations
 
 import sys
+from datetime import date
 from typing import Any
 
 import psycopg
@@ -45,7 +46,8 @@ class MachineBase(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self._reset_schema()
+        self.today = self._reset_schema()
+        """The UTC date the example started on (see same_day)."""
         self.queue = Queue(
             self.pool, schema=self.schema, retry_base=BACKOFF_SECONDS, retry_cap=BACKOFF_SECONDS
         )
@@ -64,9 +66,10 @@ class MachineBase(RuleBasedStateMachine):
         """Whether the past days' partitions were made (see age_history)."""
         STATISTICS.examples += 1
 
-    def _reset_schema(self) -> None:
+    def _reset_schema(self) -> date:
         """Make the schema as ``migrate`` left it: every table emptied (but the record
-        of migrations), every sequence restarted, the past days' partitions dropped.
+        of migrations), every sequence restarted, the past days' partitions dropped;
+        return today's date (UTC) on the database's clock.
         A small part of the time a new schema takes, which counts when Hypothesis
         shrinks a failure by replaying hundreds of examples. Rows are deleted, not
         truncated: the tables are small, and a TRUNCATE makes new files for each."""
@@ -87,6 +90,15 @@ class MachineBase(RuleBasedStateMachine):
             for day in days:
                 if day.day < today:
                     conn.execute(sql.SQL("DROP TABLE {}").format(self.table(day.name)))
+        return today
+
+    def same_day(self) -> bool:
+        """Whether it is still the UTC day the example started on. The rules that move
+        a job's history days back rely on it: across midnight, which partition a day
+        back is, and when it expires, change under them."""
+        with self.pool.connection() as conn:
+            _, today, _ = history.days(conn, self.schema)
+        return today == self.today
 
     @initialize()
     def start(self) -> None:

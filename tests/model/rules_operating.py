@@ -147,13 +147,14 @@ class OperatingRules:
         of PAST_DAYS, as a pruner running for days would have), or to its state's
         DEFAULT partition when that day has none."""
         self._step()
+        if not self.same_day():
+            return
         if not self.days_made:
             self.days_made = True
             with self.pool.connection() as conn:
-                _, today, _ = history.days(conn, self.schema)
                 for state in FINISHED:
                     for back in PAST_DAYS:
-                        day = history.Day(JobState(state), today - timedelta(days=back))
+                        day = history.Day(JobState(state), self.today - timedelta(days=back))
                         day.create(conn, self.schema)
                         conn.commit()
             self.model.past_days = {(state, back) for state in FINISHED for back in PAST_DAYS}
@@ -185,6 +186,8 @@ class OperatingRules:
         """The automatic pruner's round with ``retention`` (days per state): past days
         dropped whole, and jobs from the DEFAULT partitions; today's are kept."""
         self._step()
+        if not self.same_day():
+            return
         gone, dropped = self.model.removed_by_retention(retention)
         removed = self.queue.prune_expired(
             {state: timedelta(days=days) for state, days in retention.items()}
