@@ -104,6 +104,7 @@ class QueueModel:
     pruned_queues: set[str] = field(default_factory=set)
     """Queues of jobs pruned: their counters keep them known."""
     schedules: dict[str, ModelSchedule] = field(default_factory=dict)
+    """The schedules declared, by name."""
     past_days: set[tuple[str, int]] = field(default_factory=set)
     """(state, days back) of the past day partitions that exist."""
     expiries: int = 0
