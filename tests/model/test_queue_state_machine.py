@@ -103,7 +103,7 @@ def test_the_queue_behaves_as_its_model(machine) -> None:
     run_state_machine_as_test(
         machine,
         settings=settings(
-            # About 20 s on two cores: it runs in every CI run, on each PostgreSQL.
+            # About 30 s on two cores: it runs in every CI run, on each PostgreSQL.
             max_examples=int(os.environ.get("PGQUEUE_MODEL_EXAMPLES", "40")),
             stateful_step_count=50,
             deadline=None,
