@@ -4,7 +4,7 @@ PostgreSQL major version (a run on one version keeps the other's figures)."""
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -19,11 +19,13 @@ class ModelStatistics:
     """Counted by the state machine as it runs."""
 
     examples: int = 0
-    """Sequences of steps, each on a fresh schema."""
+    """Sequences of steps, each on a schema emptied as new."""
     steps: int = 0
     """Rules run (enqueue, claim, ack, ...)."""
     invariant_checks: int = 0
     """Comparisons of the whole database with the model, each after a step."""
+    rules: dict[str, int] = field(default_factory=dict)
+    """Steps per rule, by name: what the run exercised, and how often."""
 
 
 def write_model_results(
@@ -41,6 +43,7 @@ def write_model_results(
         "hypothesis_runs": runs,
         "failures": 0,
         **asdict(statistics),
+        "rules": dict(sorted(statistics.rules.items())),
     }
     document.update(
         {
@@ -48,9 +51,10 @@ def write_model_results(
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "description": (
                 "The Hypothesis state machine of tests/model run for a fixed time "
-                "(nox -s model): examples (each a fresh schema), steps (rules run) and "
+                "(nox -s model): examples (each on a schema emptied as new), steps (rules run), "
                 "invariant checks (the whole database compared with the model after each "
-                "step). The run stops at its first failure, so a recorded run had none."
+                "step) and the steps of each rule. The run stops at its first failure, so a "
+                "recorded run had none."
             ),
             "environment": {
                 "machine": environment.machine(),

@@ -2,9 +2,12 @@
 
 It knows only what the documentation promises: which transitions exist, what each one
 does to a job's state and attempt count, which lease may finish an attempt, in what
-order claims take runnable jobs, and how jobs that wait for other jobs are queued or
-cancelled when those finish (see pgqueue.dependencies). The real queue decides run_at and lease tokens; the
-model records them from what the queue returns and checks everything else.
+order claims take runnable jobs, how jobs that wait for other jobs are queued or
+cancelled when those finish (see pgqueue.dependencies), which queues a claim may take
+from (paused, limited), which finished jobs a pruning round removes from the history's
+day partitions, and what a schedule's tick enqueues. The real queue decides run_at and
+lease tokens; the model records them from what the queue returns and checks everything
+else.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ QUEUES = ("a", "b")
 TASK = "t"
 FINISHED = ("succeeded", "dead", "cancelled")
 STATES = ("waiting", "queued", "running", *FINISHED)
+PAST_DAYS = (1, 2, 3)
+"""The past days (counted back from today, UTC) whose history partitions an example
+creates, as a pruner that has run for days would have; a job moved further back than
+these lands in its state's DEFAULT partition."""
 
 
 @dataclass
@@ -38,10 +45,32 @@ class ModelJob:
     token: uuid.UUID | None = None
     expired: bool = False
     """Running with a lease whose expiry the test moved into the past."""
+    expired_order: int = 0
+    """When it expired, counted in expiries: the reaper takes the oldest first."""
     pending: set[int] = field(default_factory=set)
     """While waiting: the dependencies that have not succeeded yet."""
     reason: str | None = None
-    """The last_error of a job cancelled because a dependency ended dead or cancelled."""
+    """The last_error of a job cancelled because a dependency ended dead or cancelled
+    (None: not checked)."""
+    poison: str | None = None
+    """A row written around pgqueue whose payload Python cannot decode: how."""
+    age: int = 0
+    """Days its history was moved back while finished (0: it finished today)."""
+    in_default: bool = False
+    """Moved back to a day that has no partition: its row is in the DEFAULT one."""
+    shifted: bool = False
+    """Its started_at was moved back with its history, until it is claimed again."""
+
+
+@dataclass
+class ModelSchedule:
+    """A schedule as declared (always a yearly cron: it never comes due by itself)."""
+
+    queue: str
+    priority: int
+    max_attempts: int | None
+    """As declared (None: the jobs' default)."""
+    enabled: bool = True
 
 
 @dataclass
@@ -63,21 +92,37 @@ class QueueModel:
     paused: set[str] = field(default_factory=set)
     concurrency_limits: dict[str, int] = field(default_factory=dict)
     """Jobs of a queue that may run at once, across all workers (absent: no limit)."""
+    starved: set[str] = field(default_factory=set)
+    """Queues whose rate limit is so low that their bucket holds no whole token during
+    an example: nothing is claimed from them. (The other rate the test sets is so high
+    that it never limits a claim.)"""
     edges: set[tuple[int, int]] = field(default_factory=set)
     """(dependency, dependent) pairs; they go when the dependent is pruned."""
-    pruned_ids: set[int] = field(default_factory=set)
-    """Ids of jobs pruned: no job any more, so refused as dependencies."""
+    pruned_states: dict[int, str] = field(default_factory=dict)
+    """Jobs pruned, with the state they ended in: no job any more, so refused as
+    dependencies, but a dependent that names one still counts it met if it succeeded."""
     pruned_queues: set[str] = field(default_factory=set)
     """Queues of jobs pruned: their counters keep them known."""
+    schedules: dict[str, ModelSchedule] = field(default_factory=dict)
+    """The schedules declared, by name."""
+    past_days: set[tuple[str, int]] = field(default_factory=set)
+    """(state, days back) of the past day partitions that exist."""
+    expiries: int = 0
+    """Leases expired so far."""
 
     # -- queries ------------------------------------------------------------------
+
+    @property
+    def pruned_ids(self) -> set[int]:
+        return set(self.pruned_states)
 
     def by_key(self, key: str) -> ModelJob | None:
         """The job that holds an idempotency key (keys last until the job is pruned)."""
         return next((job for job in self.jobs.values() if job.key == key), None)
 
     def unique_holder(self, unique_key: str, *, besides: int | None = None) -> ModelJob | None:
-        """The queued or running job that holds ``unique_key``, other than ``besides``."""
+        """The waiting, queued or running job that holds ``unique_key``, other than
+        ``besides``."""
         return next(
             (
                 job
@@ -100,8 +145,9 @@ class QueueModel:
 
     def claimable(self, queue: str, limit: int) -> list[ModelJob]:
         """What a claim of up to ``limit`` jobs from ``queue`` must take: nothing while
-        the queue is paused, no more than its concurrency limit leaves room for."""
-        if queue in self.paused:
+        the queue is paused or starved by its rate limit, no more than its concurrency
+        limit leaves room for."""
+        if queue in self.paused or queue in self.starved:
             return []
         if queue in self.concurrency_limits:
             running = sum(
@@ -109,6 +155,12 @@ class QueueModel:
             )
             limit = min(limit, max(0, self.concurrency_limits[queue] - running))
         return self.runnable(queue)[:limit]
+
+    def reapable(self, limit: int) -> list[int]:
+        """The running jobs a reaper round of up to ``limit`` takes: expired leases,
+        oldest expiry first."""
+        expired = [j for j in self.jobs.values() if j.state == "running" and j.expired]
+        return [j.id for j in sorted(expired, key=lambda j: j.expired_order)][:limit]
 
     def current(self, holding: Holding) -> bool:
         """Whether ``holding`` is the lease of the job's attempt now running."""
@@ -122,6 +174,15 @@ class QueueModel:
             sorted(j for d, j in self.edges if d == job_id),
         )
 
+    def state_of(self, job_id: int) -> str:
+        """The state of a job, or the one a pruned job ended in."""
+        job = self.jobs.get(job_id)
+        return job.state if job is not None else self.pruned_states[job_id]
+
+    def unmet(self, job_id: int) -> set[int]:
+        """The dependencies of ``job_id`` that have not succeeded."""
+        return {d for d, j in self.edges if j == job_id and self.state_of(d) != "succeeded"}
+
     def counts(self, queue: str) -> dict[str, int]:
         """Jobs per state in ``queue``."""
         counts = dict.fromkeys(STATES, 0)
@@ -129,6 +190,54 @@ class QueueModel:
             if job.queue == queue:
                 counts[job.state] += 1
         return counts
+
+    def expected_state(self, depends_on: set[int]) -> str:
+        """The state a job created now with ``depends_on`` starts in."""
+        states = {self.jobs[d].state for d in depends_on}
+        if states & {"dead", "cancelled"}:
+            return "cancelled"
+        return "waiting" if states - {"succeeded"} else "queued"
+
+    def retry_outcomes(self, job_id: int) -> tuple[str, ...]:
+        """The states a retry of ``job_id`` (dead or cancelled) may leave it in.
+
+        A job waits until everything it names has succeeded, retried or not: with a
+        dependency that has not, it goes back to waiting. With one that ended dead or
+        cancelled, cancelling it again at once (the cascade) is as right as waiting
+        for that dependency to be retried; what it must never be is queued."""
+        unmet = self.unmet(job_id)
+        if not unmet:
+            return ("queued",)
+        if any(self.state_of(d) in ("dead", "cancelled") for d in unmet):
+            return ("waiting", "cancelled")
+        return ("waiting",)
+
+    def removed_by_retention(
+        self, retention: dict[str, int]
+    ) -> tuple[set[int], set[tuple[str, int]]]:
+        """What a pruning round with ``retention`` (days kept, per finished state; states
+        left out are kept forever) removes: the finished jobs, and the past days dropped.
+
+        A day goes once its end is at least its state's retention ago: a day d days back
+        ends (d - 1) days and a fraction ago, so it goes when d - 1 >= retention. A job in
+        a DEFAULT partition goes once it finished longer ago than the retention: moved d
+        days back from a moment ago, when d >= retention. Today's days are never
+        dropped."""
+        dropped = {
+            (state, days)
+            for state, days in self.past_days
+            if state in retention and days - 1 >= retention[state]
+        }
+        gone = set()
+        for job in self.jobs.values():
+            if job.state not in FINISHED or job.state not in retention or job.age == 0:
+                continue
+            if job.in_default:
+                if job.age >= retention[job.state]:
+                    gone.add(job.id)
+            elif (job.state, job.age) in dropped:
+                gone.add(job.id)
+        return gone, dropped
 
     # -- transitions ----------------------------------------------------------------
 
@@ -142,13 +251,6 @@ class QueueModel:
         failed = sorted(d for d in depends_on if self.jobs[d].state in ("dead", "cancelled"))
         if failed:
             self._cancel_dependents(failed)
-
-    def expected_state(self, depends_on: set[int]) -> str:
-        """The state a job created now with ``depends_on`` starts in."""
-        states = {self.jobs[d].state for d in depends_on}
-        if states & {"dead", "cancelled"}:
-            return "cancelled"
-        return "waiting" if states - {"succeeded"} else "queued"
 
     def _cancel_dependents(self, ended: list[int]) -> None:
         """Cancel the waiting dependents of ``ended`` (jobs now dead or cancelled), one
@@ -175,22 +277,46 @@ class QueueModel:
                 if not job.pending:
                     job.state = "queued"
 
-    def claimed(self, worker: str, claimed: Any) -> None:
-        """``claimed``: the Job a claim returned to ``worker``."""
+    def claimed(self, worker: str | None, claimed: Any) -> None:
+        """``claimed``: the Job a claim returned to ``worker`` (None: a claim that
+        refused it, as a job whose payload cannot be decoded)."""
         job = self.jobs[claimed.id]
         job.state, job.attempts, job.expired = "running", job.attempts + 1, False
-        job.token = claimed.lease_token
-        self.holdings.setdefault(worker, []).append(Holding(job.id, job.token, claimed))
+        job.token, job.shifted = claimed.lease_token, False
+        if worker is not None:
+            self.holdings.setdefault(worker, []).append(Holding(job.id, job.token, claimed))
 
-    def failed(self, job_id: int, run_at: datetime) -> None:
-        """A failed attempt (by its worker, or an expired lease reaped)."""
+    def lease_expired(self, job_id: int) -> None:
+        """The running job's lease expired (its worker stopped heartbeating)."""
+        self.expiries += 1
         job = self.jobs[job_id]
-        job.token, job.expired = None, False
-        if job.attempts >= job.max_attempts:
-            job.state = "dead"
-            self._cancel_dependents([job_id])
-        else:
-            job.state, job.run_at = "queued", run_at
+        job.expired, job.expired_order = True, self.expiries
+
+    def refused(self, outcomes: list[tuple[int, datetime]]) -> None:
+        """A claim took these jobs and failed their attempts at once, in one statement
+        (their payloads cannot be decoded), as a worker's failures would be: ``outcomes``
+        as for :meth:`failed`."""
+        for job_id, _ in outcomes:
+            job = self.jobs[job_id]
+            job.attempts, job.shifted = job.attempts + 1, False
+        self.failed(outcomes)
+
+    def failed(self, outcomes: list[tuple[int, datetime]]) -> None:
+        """Failed attempts written by one statement (a worker's, or a reaper round's),
+        each (job id, the run_at it was given): a job whose attempts are used up is
+        dead, the others are queued again. The waiting dependents of the jobs that died
+        are cancelled together, level by level, as the statement's cascade does."""
+        died = []
+        for job_id, run_at in outcomes:
+            job = self.jobs[job_id]
+            job.token, job.expired = None, False
+            if job.attempts >= job.max_attempts:
+                job.state = "dead"
+                died.append(job_id)
+            else:
+                job.state, job.run_at = "queued", run_at
+        if died:
+            self._cancel_dependents(died)
 
     def finished(self, job_id: int, state: str) -> None:
         job = self.jobs[job_id]
@@ -200,18 +326,31 @@ class QueueModel:
         else:
             self._cancel_dependents([job_id])
 
-    def retried(self, job_id: int, run_at: datetime) -> None:
+    def retried(self, job_id: int, run_at: datetime, state: str) -> None:
+        """A retry that left the job in ``state``, one of :meth:`retry_outcomes`."""
         job = self.jobs[job_id]
-        job.state, job.attempts, job.run_at, job.delayed = "queued", 0, run_at, False
-        # It runs without waiting: the dependents it cancelled stay cancelled, and the
-        # dependencies it waited for no longer hold it.
-        job.pending, job.reason = set(), None
+        job.attempts, job.run_at, job.delayed = 0, run_at, False
+        job.age, job.in_default, job.reason = 0, False, None
+        job.state, job.pending = state, set()
+        if state == "waiting":
+            job.pending = self.unmet(job_id)
+        elif state == "cancelled":
+            # Cancelled again by the cascade: so are the jobs that wait for it.
+            self._cancel_dependents([job_id])
 
-    def pruned(self) -> None:
-        """Every finished job goes, and with it its idempotency key and the edges to
-        the jobs it depended on (not those from the jobs it was a dependency of)."""
-        gone = {i for i, j in self.jobs.items() if j.state in FINISHED}
-        self.pruned_ids |= gone
+    def pruned(self, ids: set[int] | None = None) -> None:
+        """Jobs ``ids`` (every finished job if None) go, and with them their idempotency
+        keys and the edges to the jobs they depended on (not those from the jobs they
+        were a dependency of)."""
+        gone = {i for i, j in self.jobs.items() if j.state in FINISHED} if ids is None else ids
+        self.pruned_states |= {i: self.jobs[i].state for i in gone}
         self.pruned_queues |= {self.jobs[i].queue for i in gone}
         self.jobs = {i: j for i, j in self.jobs.items() if i not in gone}
         self.edges = {(d, j) for d, j in self.edges if j not in gone}
+
+    def aged(self, job_id: int, days: int) -> None:
+        """A finished job's history moved ``days`` back: into that day's partition, or
+        its state's DEFAULT one if that day has none."""
+        job = self.jobs[job_id]
+        job.age, job.shifted = days, True
+        job.in_default = (job.state, days) not in self.past_days
