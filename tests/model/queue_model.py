@@ -199,18 +199,23 @@ class QueueModel:
         return "waiting" if states - {"succeeded"} else "queued"
 
     def retry_outcomes(self, job_id: int) -> tuple[str, ...]:
-        """The states a retry of ``job_id`` (dead or cancelled) may leave it in.
+        """The states a retry of ``job_id`` (dead or cancelled) may leave it in; none
+        when the retry is refused.
 
         A job waits until everything it names has succeeded, retried or not: with a
         dependency that has not, it goes back to waiting. With one that ended dead or
-        cancelled, cancelling it again at once (the cascade) is as right as waiting
-        for that dependency to be retried; what it must never be is queued."""
+        cancelled, the retry is refused (it would only be cancelled again at once), and
+        the job stays as it was; what it must never be is queued."""
         unmet = self.unmet(job_id)
         if not unmet:
             return ("queued",)
-        if any(self.state_of(d) in ("dead", "cancelled") for d in unmet):
-            return ("waiting", "cancelled")
+        if self.failed_dependencies(job_id):
+            return ()
         return ("waiting",)
+
+    def failed_dependencies(self, job_id: int) -> set[int]:
+        """The dependencies of ``job_id`` that ended dead or cancelled."""
+        return {d for d in self.unmet(job_id) if self.state_of(d) in ("dead", "cancelled")}
 
     def removed_by_retention(
         self, retention: dict[str, int]

@@ -12,7 +12,14 @@ from machine import KEYS
 from psycopg import sql
 from queue_model import FINISHED, PAST_DAYS, QUEUES
 
-from pgqueue import InvalidTransition, JobState, QueueNotFound, UniqueKeyHeld, history
+from pgqueue import (
+    DependenciesFailed,
+    InvalidTransition,
+    JobState,
+    QueueNotFound,
+    UniqueKeyHeld,
+    history,
+)
 from pgqueue.queue_control import RATE_LIMIT_MAX
 
 RATES = {
@@ -26,8 +33,7 @@ RATES = {
 class OperatingRules:
     """What an operator does to jobs and queues, and what a reader sees."""
 
-    # Not yet what the product does: cancelling a job whose payload holds a number
-    # Python cannot read raises instead of returning the job.
+    # A job whose payload Python cannot read is cancelled like any other.
     @precondition(lambda self: self.model.jobs)
     @rule(pick=st.integers(0, 1000), any_job=st.booleans())
     def cancel(self, pick: int, any_job: bool) -> None:
@@ -42,8 +48,6 @@ class OperatingRules:
         # Its waiting dependents are cancelled too, and theirs in turn.
         self.model.finished(job.id, "cancelled")
 
-    # Not yet what the product does: a retried job whose dependencies have not all
-    # succeeded is queued (and runs) at once instead of waiting for them.
     @precondition(lambda self: self.model.jobs)
     @rule(pick=st.integers(0, 1000), any_job=st.booleans())
     def retry(self, pick: int, any_job: bool) -> None:
@@ -68,6 +72,15 @@ class OperatingRules:
             # succeeded counts as met: the job must not wait for it forever.)
             return
         allowed = self.model.retry_outcomes(job.id)
+        if not allowed:
+            # A dependency ended dead or cancelled: refused, naming it, and the job
+            # stays as it was.
+            failed = self.model.failed_dependencies(job.id)
+            with pytest.raises(DependenciesFailed) as refused:
+                self.queue.retry(job.id)
+            assert {i for i, _ in refused.value.failed} == failed, refused.value
+            assert self.queue.get(job.id).state.value == job.state
+            return
         retried = self.queue.retry(job.id)
         [(state, run_at)] = self.execute(
             sql.SQL("SELECT state::text, run_at FROM {} WHERE id = %s").format(self.table("jobs")),
@@ -206,8 +219,7 @@ class OperatingRules:
         found = self.queue.dependencies(job_id)
         assert (found.depends_on, found.dependents) == self.model.dependencies(job_id)
 
-    # Not yet what the product does: reading a job whose payload holds a number Python
-    # cannot read raises.
+    # A job whose payload Python cannot read is read with the payload's text instead.
     @precondition(lambda self: self.model.jobs)
     @rule(pick=st.integers(0, 1000))
     def read_jobs(self, pick: int) -> None:

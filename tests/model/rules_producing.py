@@ -204,10 +204,9 @@ class ProducingRules:
 
     # -- inside the caller's transaction --------------------------------------------
 
-    # Not yet what the product does: an enqueue with depends_on (enqueue, or
-    # enqueue_many with a dependent item) on a caller's idle connection commits the
-    # caller's transaction; and while the caller's transaction is open, the dependency's
-    # row stays locked, so a heartbeat skips it, a claim skips it and an ack waits.
+    # Every kind of enqueue, depends_on included, leaves the caller's transaction as it
+    # found it (idle or open), and while that transaction is open nothing of the
+    # dependencies is held: a heartbeat, a claim and an ack of them go through.
     @rule(
         ops=st.lists(OPS, min_size=1, max_size=3),
         setup=CALLER_SETUPS,

@@ -88,8 +88,8 @@ class WorkingRules:
         )
         self.model.lease_expired(job_id)
 
-    # Not yet what the product does: the reaper raises on an expired row whose payload
-    # holds a number Python cannot read (and then never reaps anything again).
+    # An expired row whose payload Python cannot read is reaped like any other (a reaper
+    # that raised on it would never reap anything again).
     @rule(limit=st.sampled_from([1, 2, 1000]))
     def reap(self, limit: int) -> None:
         """A reaper round of up to ``limit`` expired leases, oldest expiry first."""
@@ -102,8 +102,8 @@ class WorkingRules:
             assert job.state.value == self.model.jobs[job.id].state
             assert job.attempts == self.model.jobs[job.id].attempts
 
-    # Not yet what the product does: a claim that takes a row whose payload holds a
-    # number Python cannot read raises after committing, leaving its whole batch running.
+    # A claim that takes a row whose payload Python cannot read fails that attempt alone;
+    # the rest of its batch reaches the worker (it used to raise after committing).
     @rule(
         kind=st.sampled_from(sorted(POISONS)),
         queue=st.sampled_from(QUEUES),

@@ -30,9 +30,6 @@ history, a schedule's next run moved into the past) or for another client's rows
 Retries back off for at most a millisecond, which each claim lets pass first, so that
 the model knows exactly which jobs a claim must take.
 
-Rules whose comment begins "Not yet what the product does" exercise behaviour the
-documentation promises and the product does not deliver yet: they fail until it does.
-
 ``nox -s tests`` runs a fixed budget of examples; ``nox -s model`` runs for minutes and
 writes its statistics to results/model.json (``PGQUEUE_MODEL_SECONDS``).
 """
