@@ -79,7 +79,7 @@ class Job:
         """Build a Job from a dict row; columns this version does not know are ignored."""
         values = {name: row[name] for name in _JOB_FIELDS if name in row}
         values["state"] = JobState(values["state"])
-        # NULL in the table: no attempt has failed (migration 0006).
+        # NULL in the table: no attempt has failed (the column has no default).
         values["errors"] = values["errors"] or []
         return cls(**values)
 
