@@ -11,16 +11,13 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Callable, Coroutine
 from typing import Any, NoReturn
 
 from fastapi import Request, Response
 from fastapi.routing import APIRoute
 
-# Only a \uD800-\uDFFF escape can smuggle a lone surrogate past the UTF-8 decoder, so the
-# (rare) bodies that contain one are the only ones walked to look for it.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+from pgqueue import jsonb
 
 
 class _NotJSON(ValueError):
@@ -43,7 +40,7 @@ def parse_strict_json(body: bytes) -> Any:
         raise json.JSONDecodeError("nested too deeply", text, 0) from None
     except ValueError as exc:  # e.g. an integer with more digits than Python converts
         raise json.JSONDecodeError(str(exc), text, 0) from None
-    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
+    if jsonb.SURROGATE_ESCAPE.search(text) and jsonb.has_lone_surrogate(value):
         raise json.JSONDecodeError("a string holds a lone UTF-16 surrogate", text, 0)
     return value
 
@@ -57,24 +54,6 @@ def _finite_float(text: str) -> float:
     if not math.isfinite(value):
         raise _NotJSON(f"{text} is out of range for a JSON number")
     return value
-
-
-def _has_lone_surrogate(value: Any) -> bool:
-    # Iterative, so a deeply nested body cannot exhaust the stack here either.
-    pending = [value]
-    while pending:
-        item = pending.pop()
-        if isinstance(item, str):
-            try:
-                item.encode("utf-8")
-            except UnicodeEncodeError:
-                return True
-        elif isinstance(item, dict):
-            pending.extend(item.keys())
-            pending.extend(item.values())
-        elif isinstance(item, list):
-            pending.extend(item)
-    return False
 
 
 class StrictJSONRequest(Request):

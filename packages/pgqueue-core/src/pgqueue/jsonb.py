@@ -82,7 +82,7 @@ _DECODER = json.JSONDecoder(parse_float=_finite_float, parse_constant=_refuse_co
 # Only a \uD800-\uDFFF escape can put a lone surrogate in a string decoded from UTF-8
 # text, so only the (rare) texts holding one are walked to look for it. PostgreSQL
 # itself never writes such an escape: it stores the character.
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def _decode(text: str) -> Any:
@@ -93,7 +93,7 @@ def _decode(text: str) -> Any:
 def _checked(text: str, value: Any) -> Any:
     """``value``, loaded from ``text``, unless it is what pgqueue would not store; the
     text tells at C speed when there is no need to walk the value to know."""
-    if "\\u" in text and _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(value):
+    if "\\u" in text and SURROGATE_ESCAPE.search(text) and has_lone_surrogate(value):
         raise _Refused("a string holds a lone UTF-16 surrogate, which UTF-8 cannot encode")
     if text.count("{") + text.count("[") > MAX_DEPTH and _nests_deeper(value, MAX_DEPTH):
         raise _Refused(f"JSON nested more than {MAX_DEPTH} levels deep, deeper than pgqueue stores")
@@ -119,7 +119,10 @@ def _nests_deeper(value: Any, limit: int) -> bool:
     return False
 
 
-def _has_lone_surrogate(value: Any) -> bool:
+def has_lone_surrogate(value: Any) -> bool:
+    """Whether a string in ``value`` (its keys too) holds a lone UTF-16 surrogate, which
+    neither UTF-8 nor jsonb can hold. Look only where :data:`SURROGATE_ESCAPE` matches
+    the text the value was decoded from."""
     # Iterative: the value may be nested as deeply as Python can decode.
     pending = [value]
     while pending:
