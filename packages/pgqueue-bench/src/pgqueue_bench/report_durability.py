@@ -263,11 +263,15 @@ def model_section(document: dict[str, Any]) -> list[str]:
         "### The state machine against its model",
         "",
         "Hypothesis drives the real queue on real PostgreSQL through random sequences of "
-        "enqueues (with idempotency and unique keys, and jobs that wait for others), "
-        "claims by two workers, heartbeats, acks and failures (current and "
-        "stale leases), lease expiry, reaping, cancels, retries, pruning, pauses and "
-        "concurrency limits, and compares every job and every count with a model after "
-        "each step (`tests/model`, `nox -s model`).",
+        "enqueues of every kind (idempotency and unique keys, dependency graphs, batches), "
+        "through the pool or inside a caller's own transaction that commits or rolls back, "
+        "claims by two workers, heartbeats, acks and failures (current and stale leases), "
+        "lease expiry, reaping, cancels and their cascades, retries that wait for "
+        "dependencies, pauses, concurrency and rate limits, schedules' ticks, pruning "
+        "across the history's days and rows Python cannot decode, and compares every job "
+        "and every count with a model after each step, with nothing run before its "
+        "dependencies succeeded and timestamps in the order of events (`tests/model`, "
+        "`nox -s model`).",
         "",
         *table(["server", "ran", "examples", "steps", "invariant checks", "failures"], rows),
         "",
