@@ -9,7 +9,7 @@ benchmarks' documents hold ``runs``; the fault scenarios' (``results/faults.json
 hold, per PostgreSQL major version, one entry per scenario.
 
 The sections themselves: :mod:`~pgqueue_bench.report_benchmarks` (the speed
-benchmarks), :mod:`~pgqueue_bench.report_durability` (crash, restart, faults, model)
+benchmarks), :mod:`~pgqueue_bench.report_durability` (crash, restart, effects, faults, model)
 and :mod:`~pgqueue_bench.report_soak`, built from :mod:`~pgqueue_bench.report_tables`.
 """
 
@@ -33,6 +33,7 @@ from pgqueue_bench.report_benchmarks import (
 )
 from pgqueue_bench.report_durability import (
     crash_section,
+    effects_section,
     fault_versions,
     faults_footer,
     faults_section,
@@ -57,6 +58,7 @@ SECTIONS = {
     "enqueue": enqueue_section,
     "crash": crash_section,
     "restart": restart_section,
+    "effects": effects_section,
     "controls": controls_section,
     "faults": faults_section,
     "model": model_section,
