@@ -282,3 +282,31 @@ def test_a_completion_left_open_when_the_handler_returns_is_waited_for(
         assert worker.stop() is True
     assert recorder.successes == [(job.id, "eventually", "succeeded")]
     assert worker.worker.counts["lost"] == 0
+
+
+@pytest.mark.parametrize("prepare", [True, False])
+def test_lent_connections_prepare_statements_only_when_the_workers_do(
+    prepare: bool, run_worker, database_url, schema
+) -> None:
+    # --no-prepare (prepare=False) is for PgBouncer in transaction mode, where a
+    # statement prepared on one server connection is missing on the next: the
+    # connections lent to handlers must not prepare either.
+    queue = Queue.connect(database_url, schema=schema, prepare=prepare)
+    prepared: list[int] = []
+
+    def handler(payload: dict[str, Any], job: Job) -> None:
+        with job.transaction() as conn:
+            row = conn.execute("SELECT count(*) FROM pg_prepared_statements").fetchone()
+            prepared.append(row[0])  # type: ignore[index]
+
+    try:
+        jobs = [queue.enqueue("count", {}).job for _ in range(12)]
+        worker = run_worker({"count": handler}, on=queue, concurrency=1)
+        for job in jobs:
+            wait_until_state(queue, job.id, JobState.SUCCEEDED)
+        assert worker.stop() is True
+    finally:
+        queue.close()
+    # One lent connection ran every job: psycopg prepares what runs often on it, unless
+    # told not to.
+    assert (max(prepared) > 0) is prepare, prepared
