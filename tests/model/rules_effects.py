@@ -26,7 +26,7 @@ import psycopg
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
-from machine import APPLICATION_TABLE, WORKERS, transaction_status
+from machine import APPLICATION_TABLE, STATISTICS, WORKERS, transaction_status
 from psycopg import sql
 from queue_model import Holding
 
@@ -73,16 +73,7 @@ class EffectsRules:
         heartbeats, acks or fails it meanwhile: the handler has it."""
         self._step()
         held = [(w, h) for w, hs in self.model.holdings.items() for h in hs]
-        worker, holding = held[pick % len(held)]
-        self.model.holdings[worker].remove(holding)
-        conn = self._completion_connection()
-        conn.execute(
-            sql.SQL("INSERT INTO {} (job_id, token) VALUES (%s, %s)").format(
-                self.table(APPLICATION_TABLE)
-            ),
-            (holding.job_id, holding.token),
-        )
-        self.pending = PendingCompletion(worker, holding, conn)
+        self._begin(*held[pick % len(held)])
 
     @precondition(lambda self: self.pending is not None)
     @rule(worker=st.sampled_from(WORKERS))
@@ -91,35 +82,70 @@ class EffectsRules:
         worker stalled), the reaper takes it back and ``worker`` claims from its queue,
         likely taking it again under a new lease."""
         self._step()
-        assert self.pending is not None
-        holding = self.pending.holding
-        if not self.model.current(holding):
-            return  # already gone: reaped, cancelled, or another attempt's
-        self.execute(
-            sql.SQL(
-                "UPDATE {} SET lease_expires_at = now() - interval '1 second' WHERE id = %s"
-            ).format(self.table("active_jobs")),
-            (holding.job_id,),
+        self._reap_and_reclaim(worker)
+
+    @precondition(
+        lambda self: (
+            self.pending is None
+            and any(self.model.current(h) for hs in self.model.holdings.values() for h in hs)
         )
-        self.model.lease_expired(holding.job_id)
-        expected = set(self.model.reapable(1000))
-        reaped = self._protocol().reap(1000)
-        assert reaped is not None and {job.id for job in reaped} == expected
-        self.model.failed([(job.id, job.run_at) for job in reaped])
-        queue = self.model.jobs[holding.job_id].queue
-        self._claim(self._protocol(), worker, queue, 3, [self.model])
+    )
+    @rule(
+        pick=st.integers(0, 1000),
+        worker=st.sampled_from(WORKERS),
+        end=st.sampled_from(["commit", "rollback"]),
+    )
+    def stalled_holder_completes_after_its_job_was_claimed_again(
+        self, pick: int, worker: str, end: str
+    ) -> None:
+        """The race the fence is for, in one step: a current holder writes its row, stalls
+        past its lease, the reaper takes the job and ``worker`` claims it again; then
+        the stalled holder completes (LeaseLost), and commits anyway or rolls back.
+        Nothing of its transaction commits; the new attempt goes on."""
+        self._step()
+        held = [
+            (w, h) for w, hs in self.model.holdings.items() for h in hs if self.model.current(h)
+        ]
+        self._begin(*held[pick % len(held)])
+        self._reap_and_reclaim(worker)
+        self._complete_pending("none", end, worker)
+
+    # One rule per race, so that a pending completion is completed within a few steps
+    # (Hypothesis draws among the rules enabled), and the statistics name each race.
+    @precondition(lambda self: self.pending is not None)
+    @rule(end=st.sampled_from(["commit", "rollback"]))
+    def complete_pending(self, end: str) -> None:
+        """The pending transaction completes its job, then commits or rolls back."""
+        self._step()
+        self._complete_pending("none", end, WORKERS[0])
 
     @precondition(lambda self: self.pending is not None)
-    @rule(
-        race=st.sampled_from(["none", "reap", "claim", "heartbeat"]),
-        end=st.sampled_from(["commit", "rollback"]),
-        worker=st.sampled_from(WORKERS),
-    )
-    def complete_pending(self, race: str, end: str, worker: str) -> None:
-        """The pending transaction calls ``job.complete(conn, result)``, then, before it
-        ends, the reaper, a claim by ``worker`` or both workers' heartbeats race it;
-        then it commits or rolls back."""
+    @rule(end=st.sampled_from(["commit", "rollback"]))
+    def complete_pending_racing_the_reaper(self, end: str) -> None:
+        """A reaper round runs between the completion and the transaction's end."""
         self._step()
+        self._complete_pending("reap", end, WORKERS[0])
+
+    @precondition(lambda self: self.pending is not None)
+    @rule(end=st.sampled_from(["commit", "rollback"]), worker=st.sampled_from(WORKERS))
+    def complete_pending_racing_a_claim(self, end: str, worker: str) -> None:
+        """``worker`` claims from the job's queue between the completion and the
+        transaction's end."""
+        self._step()
+        self._complete_pending("claim", end, worker)
+
+    @precondition(lambda self: self.pending is not None)
+    @rule(end=st.sampled_from(["commit", "rollback"]))
+    def complete_pending_racing_heartbeats(self, end: str) -> None:
+        """Both workers heartbeat what they hold between the completion and the
+        transaction's end."""
+        self._step()
+        self._complete_pending("heartbeat", end, WORKERS[0])
+
+    def _complete_pending(self, race: str, end: str, worker: str) -> None:
+        """The pending transaction calls ``job.complete(conn, result)``, then, before it
+        ends, ``race`` runs (the reaper, a claim by ``worker``, both workers'
+        heartbeats, or nothing); then it commits or rolls back."""
         assert self.pending is not None
         pending, self.pending = self.pending, None
         holding, conn = pending.holding, pending.conn
@@ -135,9 +161,11 @@ class EffectsRules:
                     f"job {holding.job_id}: a transaction whose job.complete raised "
                     "LeaseLost committed its application row"
                 )
+                STATISTICS.count(f"completion refused (LeaseLost), then {end}")
                 return
             holding.claimed.complete(conn, result)
-            self._race_open_completion(race, worker, holding.job_id)
+            raced = self._race_open_completion(race, worker, holding.job_id)
+            STATISTICS.count(f"completion accepted, raced by {raced}, then {end}")
             if end == "rollback":
                 conn.rollback()
                 # Nothing was completed: the attempt goes on, its worker's again.
@@ -150,6 +178,46 @@ class EffectsRules:
         assert job.state.value == "succeeded" and job.result == result, job
 
     # -- helpers --------------------------------------------------------------------
+
+    def _begin(self, worker: str, holding: Holding) -> None:
+        """``worker``'s handler of ``holding`` opens its transaction and writes its row."""
+        self.model.holdings[worker].remove(holding)
+        conn = self._completion_connection()
+        conn.execute(
+            sql.SQL("INSERT INTO {} (job_id, token) VALUES (%s, %s)").format(
+                self.table(APPLICATION_TABLE)
+            ),
+            (holding.job_id, holding.token),
+        )
+        self.pending = PendingCompletion(worker, holding, conn)
+
+    def _reap_and_reclaim(self, worker: str) -> None:
+        """The pending job's lease expires, a reaper round takes it back (with every
+        other expired lease), and ``worker`` claims from its queue."""
+        assert self.pending is not None
+        holding = self.pending.holding
+        if not self.model.current(holding):
+            STATISTICS.count("reap and reclaim: lease already gone")
+            return  # already gone: reaped, cancelled, or another attempt's
+        self.execute(
+            sql.SQL(
+                "UPDATE {} SET lease_expires_at = now() - interval '1 second' WHERE id = %s"
+            ).format(self.table("active_jobs")),
+            (holding.job_id,),
+        )
+        self.model.lease_expired(holding.job_id)
+        expected = set(self.model.reapable(1000))
+        reaped = self._protocol().reap(1000)
+        assert reaped is not None and {job.id for job in reaped} == expected
+        self.model.failed([(job.id, job.run_at) for job in reaped])
+        queue = self.model.jobs[holding.job_id].queue
+        self._claim(self._protocol(), worker, queue, 3, [self.model])
+        job = self.model.jobs[holding.job_id]
+        STATISTICS.count(
+            "reap and reclaim: claimed again"
+            if job.state == "running"
+            else f"reap and reclaim: {job.state} after the reap"
+        )
 
     def _completion_connection(self) -> psycopg.Connection:
         """A connection of a counter slot other than the probe pool's (see
@@ -172,16 +240,16 @@ class EffectsRules:
         )
         return int(count)
 
-    def _race_open_completion(self, race: str, worker: str, job_id: int) -> None:
+    def _race_open_completion(self, race: str, worker: str, job_id: int) -> str:
         """What runs while a completion's transaction holds ``job_id``, on the probe
         pool (which gives up on a lock after a second): none of it may wait for that
-        transaction, nor take the job."""
+        transaction, nor take the job. Returns the race that ran."""
         if race == "reap":
             if any(dependency == job_id for dependency, _ in self.model.edges):
                 # The completion holds the waiting jobs it released; a reaped job that
                 # dies cancels its own waiting dependents, which may be those, and that
                 # cascade waits for the completion's transaction, as it must.
-                return
+                return "none"
             expected = set(self.model.reapable(1000)) - {job_id}
             reaped = self.probe.reap(1000)
             assert reaped is not None and {job.id for job in reaped} == expected, (
@@ -197,3 +265,4 @@ class EffectsRules:
                 self._heartbeat(self.probe, holder, [self.model])
         else:
             assert race == "none"
+        return race
