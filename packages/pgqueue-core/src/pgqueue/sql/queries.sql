@@ -875,9 +875,17 @@ SELECT pg_current_xact_id()::text AS xact,
 
 -- name: job_completions_check
 -- Whether the completions Job.complete recorded have committed, one row per
--- completion: the status of its transaction, and whether the finished row it wrote is
--- there (found) for every transaction to see, which only its commit makes so.
-SELECT completion.position, pg_xact_status(completion.xact::xid8) AS status,
+-- completion: whether the finished row it wrote is there (found) for every transaction
+-- to see, which only the commit of its (sub)transaction makes so, and the status of
+-- its transaction, which tells one still open from one rolled back. The status alone
+-- is not taken for a commit: after a crash or a failover, a transaction id that never
+-- reached the WAL is given out again, to another transaction (one past the next id to
+-- be given out, pg_xact_status would refuse: it was lost in the crash, so NULL; this
+-- statement's own id, given out now, is the bound).
+SELECT completion.position,
+       CASE WHEN completion.xact::xid8 < pg_current_xact_id()
+            THEN pg_xact_status(completion.xact::xid8)
+       END AS status,
        coalesce(finished.xmin::text = completion.row_xmin, false) AS found,
        finished.finished_at
 FROM unnest(%(ids)s::bigint[], %(xacts)s::text[], %(row_xmins)s::text[])
