@@ -422,3 +422,23 @@ def test_dependents_of_a_job_completed_in_a_transaction_are_released(queue, data
     with psycopg.connect(database_url) as conn:
         claimed.complete(conn)
     assert queue.get(child.id).state is JobState.QUEUED
+
+
+def test_only_the_finished_row_proves_a_commit(queue, database_url, db, app_table):
+    # After a crash or a failover, a transaction id that never reached the WAL is given
+    # out again: the status of a completion's transaction id may then be another
+    # transaction's. A running job whose recorded completion names an unrelated
+    # committed transaction, or one that was never given out, is not taken for done.
+    job = claim_one(queue)
+    unrelated = db.execute(
+        f"INSERT INTO {app_table} VALUES (0, 'unrelated') RETURNING pg_current_xact_id()::text"
+    ).fetchone()[0]
+    future = str(int(unrelated) + 1_000_000)
+    protocol = WorkerProtocol(queue)
+    for xact in (unrelated, future):
+        job.__dict__["_completions"] = [
+            effects.Completion("never", xact, str(int(xact) & 0xFFFFFFFF))
+        ]
+        (check,) = protocol.check_completions([job])
+        assert check.state is CompletionState.NOT_COMMITTED, xact
+    assert queue.get(job.id).state is JobState.RUNNING

@@ -280,7 +280,11 @@ def check_completions(
         index, completion = entries[position - 1]
         if index in committed:
             continue
-        if found or (status == "committed" and _outside_savepoint(completion)):
+        # Only the finished row proves a commit (see job_completions_check). A row
+        # moved since (a day partition made late takes the day's jobs from the DEFAULT
+        # partition) is taken for none: the attempt's failure is then refused, its
+        # lease gone, and logged as lost; never a second success.
+        if found:
             job = jobs[index].succeeded(completion.result, finished_at or datetime.now(UTC))
             committed[index] = CompletionCheck(CompletionState.COMMITTED, job)
         elif status == "in progress":
@@ -331,7 +335,9 @@ def _refused(rows: list[tuple[Any, ...]]) -> bool:
 
 
 def _record(job: Job, result: Any, evidence: tuple[Any, ...] | None) -> None:
-    xact, row_xmin = evidence if evidence is not None else ("0", None)
+    # job_completion_evidence always returns its one row.
+    assert evidence is not None
+    xact, row_xmin = evidence
     with _completions_lock:
         job.__dict__.setdefault(_COMPLETIONS, []).append(Completion(result, xact, row_xmin))
 
@@ -391,11 +397,3 @@ def _lender(job: Job, method: str) -> ConnectionLender:
             "transaction of your own with job.complete(conn)",
         )
     return lender
-
-
-def _outside_savepoint(completion: Completion) -> bool:
-    """Whether the finished row was written by the top-level transaction itself: then
-    that transaction's commit is the completion's."""
-    if completion.row_xmin is None:
-        return False
-    return int(completion.xact) & 0xFFFFFFFF == int(completion.row_xmin)

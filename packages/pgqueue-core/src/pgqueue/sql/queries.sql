@@ -756,7 +756,7 @@ timed AS (
     -- below it, and the next one unless the run time equals that bound.
     INSERT INTO {schema}.run_time_buckets AS bucket (queue, task, le, slot, attempts, seconds)
     SELECT queue, task, le[position + (position = 0 OR seconds > le[position])::int],
-           mod(pg_backend_pid(), 16), sum(attempts), sum(seconds * attempts)
+           {schema}.counter_slot(), sum(attempts), sum(seconds * attempts)
     FROM (
         SELECT queue, task, attempts, seconds, le, width_bucket(seconds, le) AS position
         FROM run, (SELECT {schema}.run_time_bounds() AS le) AS bounds
@@ -783,7 +783,7 @@ picked_up AS (
     -- once, in the bucket of the smallest bound at or above its wait (as in timed).
     INSERT INTO {schema}.pickup_buckets AS bucket (queue, le, slot, attempts, seconds)
     SELECT queue, le[position + (position = 0 OR seconds > le[position])::int],
-           mod(pg_backend_pid(), 16), count(*), sum(seconds)
+           {schema}.counter_slot(), count(*), sum(seconds)
     FROM (
         SELECT queue, seconds, le, width_bucket(seconds, le) AS position
         FROM (
@@ -809,7 +809,7 @@ failed AS (
 counted AS (
     INSERT INTO {schema}.queue_counters AS counter
         (queue, slot, succeeded, completed, dead, failures)
-    SELECT queue, mod(pg_backend_pid(), 16), sum(succeeded), sum(succeeded), sum(dead),
+    SELECT queue, {schema}.counter_slot(), sum(succeeded), sum(succeeded), sum(dead),
            sum(failures)
     FROM (
         SELECT queue, attempts AS succeeded, 0 AS dead, 0 AS failures FROM run
@@ -875,9 +875,17 @@ SELECT pg_current_xact_id()::text AS xact,
 
 -- name: job_completions_check
 -- Whether the completions Job.complete recorded have committed, one row per
--- completion: the status of its transaction, and whether the finished row it wrote is
--- there (found) for every transaction to see, which only its commit makes so.
-SELECT completion.position, pg_xact_status(completion.xact::xid8) AS status,
+-- completion: whether the finished row it wrote is there (found) for every transaction
+-- to see, which only the commit of its (sub)transaction makes so, and the status of
+-- its transaction, which tells one still open from one rolled back. The status alone
+-- is not taken for a commit: after a crash or a failover, a transaction id that never
+-- reached the WAL is given out again, to another transaction (one past the next id to
+-- be given out, pg_xact_status would refuse: it was lost in the crash, so NULL; this
+-- statement's own id, given out now, is the bound).
+SELECT completion.position,
+       CASE WHEN completion.xact::xid8 < pg_current_xact_id()
+            THEN pg_xact_status(completion.xact::xid8)
+       END AS status,
        coalesce(finished.xmin::text = completion.row_xmin, false) AS found,
        finished.finished_at
 FROM unnest(%(ids)s::bigint[], %(xacts)s::text[], %(row_xmins)s::text[])
@@ -935,17 +943,12 @@ moved AS (
     FROM cancelled
     RETURNING *
 ),
-counted AS (
-    INSERT INTO {schema}.queue_counters AS counter (queue, slot, cancelled)
-    SELECT queue, mod(pg_backend_pid(), 16), 1 FROM cancelled
-    ON CONFLICT (queue, slot) DO UPDATE SET cancelled = counter.cancelled + 1
-),
 picked_up AS (
     -- A running job's attempt ends here: its pickup wait joins the histogram, as in
     -- job_finish_many.
     INSERT INTO {schema}.pickup_buckets AS bucket (queue, le, slot, attempts, seconds)
     SELECT queue, le[position + (position = 0 OR seconds > le[position])::int],
-           mod(pg_backend_pid(), 16), 1, seconds
+           {schema}.counter_slot(), 1, seconds
     FROM (
         SELECT queue, seconds, le, width_bucket(seconds, le) AS position
         FROM (
@@ -958,6 +961,11 @@ picked_up AS (
     ON CONFLICT (queue, le, slot) DO UPDATE
     SET attempts = bucket.attempts + excluded.attempts,
         seconds = bucket.seconds + excluded.seconds
+),
+counted AS (
+    INSERT INTO {schema}.queue_counters AS counter (queue, slot, cancelled)
+    SELECT queue, {schema}.counter_slot(), 1 FROM cancelled
+    ON CONFLICT (queue, slot) DO UPDATE SET cancelled = counter.cancelled + 1
 )
 SELECT * FROM moved;
 
@@ -995,7 +1003,7 @@ waiting AS (
 ),
 counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, dead, cancelled)
-    SELECT queue, mod(pg_backend_pid(), 16),
+    SELECT queue, {schema}.counter_slot(),
            -count(*) FILTER (WHERE state = 'dead'), -count(*) FILTER (WHERE state = 'cancelled')
     FROM revived GROUP BY queue
     ON CONFLICT (queue, slot) DO UPDATE
@@ -1334,7 +1342,7 @@ unlinked AS (
 ),
 counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, succeeded, dead, cancelled)
-    SELECT queue, mod(pg_backend_pid(), 16),
+    SELECT queue, {schema}.counter_slot(),
            -count(*) FILTER (WHERE state = 'succeeded'),
            -count(*) FILTER (WHERE state = 'dead'),
            -count(*) FILTER (WHERE state = 'cancelled')
@@ -1602,7 +1610,7 @@ unlinked AS (
 ),
 counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, succeeded, dead, cancelled)
-    SELECT queue, mod(pg_backend_pid(), 16),
+    SELECT queue, {schema}.counter_slot(),
            -count(*) FILTER (WHERE state = 'succeeded'),
            -count(*) FILTER (WHERE state = 'dead'),
            -count(*) FILTER (WHERE state = 'cancelled')
@@ -1821,7 +1829,7 @@ moved AS (
 ),
 counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, cancelled)
-    SELECT queue, mod(pg_backend_pid(), 16), count(*) FROM cancelled
+    SELECT queue, {schema}.counter_slot(), count(*) FROM cancelled
     GROUP BY queue ORDER BY queue
     ON CONFLICT (queue, slot) DO UPDATE SET cancelled = counter.cancelled + excluded.cancelled
 )

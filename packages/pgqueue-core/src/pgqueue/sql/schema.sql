@@ -205,7 +205,7 @@ CREATE TABLE {schema}.idempotency_keys (
 -- How many finished jobs each queue holds, and how many attempts ever succeeded or
 -- failed, written by the statements that finish, fail, retry and prune jobs (not by
 -- triggers), so reading them costs the same however much history is kept. Each
--- session adds to its own slot (its backend pid modulo 16): concurrent writers rarely
+-- transaction adds to a slot of its own (see counter_slot): concurrent writers never
 -- wait for each other's row, and a reader sums the slots.
 CREATE TABLE {schema}.queue_counters (
     queue     text NOT NULL,
@@ -217,6 +217,31 @@ CREATE TABLE {schema}.queue_counters (
     failures  bigint NOT NULL DEFAULT 0,  -- attempts that failed or expired, ever
     PRIMARY KEY (queue, slot)
 );
+
+-- The slot of queue_counters, run_time_buckets and pickup_buckets that the calling
+-- transaction adds to: one that no other open transaction is adding to, held by a
+-- transaction-scoped advisory lock (in the two-key space, the first key naming the
+-- schema), the backend's own (its pid modulo 16) when free. A counting statement that
+-- waited for another transaction's slot row could close a deadlock: the statements that
+-- count lock the jobs they change first, so a transaction that has counted (holding a
+-- slot's row) and then waits for a job could be waited for by the holder of that job,
+-- about to count in the same slot. Only when all 16 slots are held by open
+-- transactions does it fall back to its own, and may wait. Called again in the same
+-- transaction it returns a slot that transaction holds.
+CREATE FUNCTION {schema}.counter_slot() RETURNS smallint
+LANGUAGE plpgsql VOLATILE AS $$
+DECLARE
+    own constant integer := mod(pg_backend_pid(), 16);
+    space constant integer := hashtext('{schema}.counter_slot');
+BEGIN
+    FOR step IN 0..15 LOOP
+        IF pg_try_advisory_xact_lock(space, mod(own + step, 16)) THEN
+            RETURN mod(own + step, 16);
+        END IF;
+    END LOOP;
+    RETURN own;
+END
+$$;
 
 -- Run times of the attempts that succeeded, per queue and task, as the buckets of a
 -- histogram: the seconds from claim to ack on the database clock (started_at to
@@ -517,7 +542,7 @@ BEGIN
         ),
         counted AS (
             INSERT INTO {schema}.queue_counters AS counter (queue, slot, cancelled)
-            SELECT cancelled.queue, mod(pg_backend_pid(), 16), count(*) FROM cancelled
+            SELECT cancelled.queue, {schema}.counter_slot(), count(*) FROM cancelled
             GROUP BY cancelled.queue ORDER BY cancelled.queue
             ON CONFLICT (queue, slot)
             DO UPDATE SET cancelled = counter.cancelled + excluded.cancelled
