@@ -32,11 +32,6 @@ from queue_model import Holding
 
 from pgqueue import LeaseLost
 
-# The queue's counters and histograms are rows per queue and slot, the slot being the
-# writing backend's pid modulo this (job_finish_many). A completion holds its slot's
-# rows until its transaction ends, as any ack does; the racers it must not hold up run
-# on the probe pool's connection, so the completion takes a connection of another slot.
-COUNTER_SLOTS = 16
 # A statement of the completion's transaction that waits is a defect, not a hang.
 COMPLETION_OPTIONS = "-c statement_timeout=60s -c lock_timeout=1s"
 
@@ -220,16 +215,9 @@ class EffectsRules:
         )
 
     def _completion_connection(self) -> psycopg.Connection:
-        """A connection of a counter slot other than the probe pool's (see
-        COUNTER_SLOTS), outside autocommit: its first statement opens the transaction."""
-        with self.probe_pool.connection() as probe:
-            probe_slot = probe.info.backend_pid % COUNTER_SLOTS
-        for _ in range(50):
-            conn = psycopg.connect(self.database_url, options=COMPLETION_OPTIONS)
-            if conn.info.backend_pid % COUNTER_SLOTS != probe_slot:
-                return conn
-            conn.close()
-        raise AssertionError("no connection of another counter slot in 50 tries")
+        """The handler's own connection, outside autocommit: its first statement opens
+        the transaction."""
+        return psycopg.connect(self.database_url, options=COMPLETION_OPTIONS)
 
     def _rows_of(self, holding: Holding) -> int:
         [(count,)] = self.execute(
