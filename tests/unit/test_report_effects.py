@@ -12,6 +12,7 @@ from typing import Any
 from pgqueue import Job, JobState
 from pgqueue_bench import report
 from pgqueue_bench.effects import FAULT_KINDS, handler_figures, verdict
+from pgqueue_bench.report_durability import model_section
 
 NOW = datetime(2026, 12, 6, tzinfo=UTC)
 
@@ -132,9 +133,8 @@ def test_a_run_without_plain_duplicates_passes_but_says_so() -> None:
     assert judged["passed"] and not judged["plain_shows_duplicates"]
 
 
-def test_the_section_has_a_row_per_way_and_handler_and_names_the_faults(tmp_path: Path) -> None:
-    run = _run()
-    document = {
+def _document(run: dict[str, Any]) -> dict[str, Any]:
+    return {
         "benchmark": "effects",
         "created_at": "2026-12-06T10:00:00+00:00",
         "environment": {
@@ -156,7 +156,10 @@ def test_the_section_has_a_row_per_way_and_handler_and_names_the_faults(tmp_path
         "runs": [run],
         "summary": verdict(run),
     }
-    (tmp_path / "effects.json").write_text(json.dumps(document))
+
+
+def test_the_section_has_a_row_per_way_and_handler_and_names_the_faults(tmp_path: Path) -> None:
+    (tmp_path / "effects.json").write_text(json.dumps(_document(_run())))
     page = report.render(tmp_path)
     assert "### Side effects: exactly once when the handler completes in its transaction" in page
     assert "| fenced, `with job.transaction()` | 50/50 | 130 | 50 | 0 | 0 | 0 | 7 |" in page
@@ -166,3 +169,28 @@ def test_the_section_has_a_row_per_way_and_handler_and_names_the_faults(tmp_path
     assert "Verdict: passed. Jobs completed twice in the audit trail: 0." in page
     assert "PostgreSQL 18.4 (private cluster, embedded PostgreSQL 18 binaries" in page
     assert "Raw data: `results/effects.json`." in page
+
+
+def test_the_readme_gives_both_handlers_figures_and_links_the_section(tmp_path: Path) -> None:
+    assert report.render_readme(tmp_path).count("\n") == 1  # no run: the comment alone
+    (tmp_path / "effects.json").write_text(json.dumps(_document(_run())))
+    readme = report.render_readme(tmp_path)
+    assert "PostgreSQL 18.4 on a private cluster, 2026-12-06" in readme
+    assert "100 jobs of each of two handlers, interleaved, under 12 faults" in readme
+    assert "left 100 rows for its 100 succeeded jobs: **0 missing, 0 duplicated**" in readme
+    assert "(7 stale completions refused with `LeaseLost`" in readme
+    assert "left 112 rows for its 100: 0 missing, 12 duplicated" in readme
+    heading = "side-effects-exactly-once-when-the-handler-completes-in-its-transaction"
+    assert f"(results/README.md#{heading})" in readme
+
+
+def test_the_model_section_names_completions_only_when_the_run_had_them() -> None:
+    def document(rules: dict[str, int]) -> dict[str, Any]:
+        run = {"seconds": 120, "examples": 1, "steps": 2, "invariant_checks": 3, "failures": 0}
+        return {"postgresql": {"18": {**run, "rules": rules}}}
+
+    with_them = "\n".join(model_section(document({"complete_pending": 4, "claim": 9})))
+    assert "completions with an application row in the holder's own transaction" in with_them
+    assert "one application row per job completed in a committed transaction" in with_them
+    without = "\n".join(model_section(document({"claim": 9})))
+    assert "completions" not in without and "application row" not in without

@@ -6,6 +6,7 @@ of the last two, whose documents say where they ran in their own way.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pgqueue_bench.report_tables import number, table
@@ -126,7 +127,7 @@ def effects_section(document: dict[str, Any]) -> list[str]:
     every_low, every_high = params.get("fault_every", (0, 0))
     verdict = "passed" if summary.get("passed") else "failed"
     return [
-        "### Side effects: exactly once when the handler completes in its transaction",
+        f"### {EFFECTS_HEADING}",
         "",
         f"{params.get('jobs'):,} jobs per handler, interleaved on one queue, "
         f"{params.get('workers')} worker processes (concurrency {params.get('concurrency')}), "
@@ -149,6 +150,37 @@ def effects_section(document: dict[str, Any]) -> list[str]:
         "(`pgqueue bench effects`).",
         "",
     ]
+
+
+EFFECTS_HEADING = "Side effects: exactly once when the handler completes in its transaction"
+
+
+def effects_readme(document: dict[str, Any] | None) -> str:
+    """The README's sentence of the latest effects run's figures, under its guarantees
+    (empty without a run): both handlers' rows, missing and duplicated, and the faults."""
+    if not document or not document.get("runs"):
+        return ""
+    params, run = document["parameters"], document["runs"][-1]
+    fenced, plain = run["handlers"]["fenced"], run["handlers"]["plain"]
+    pg = document.get("environment", {}).get("postgresql", {})
+    version = (pg.get("version") or "PostgreSQL ?").split(" on ")[0]
+    injected = run.get("faults_injected", {})
+    faults = "; ".join(f"{what}: {_count(injected.get(kind, 0))}" for kind, what in EFFECTS_FAULTS)
+    anchor = re.sub(r"[^\w\- ]", "", EFFECTS_HEADING.lower()).replace(" ", "-")
+    return (
+        f"Measured (`pgqueue bench effects`, {version} on a private cluster, "
+        f"{document.get('created_at', '')[:10]}): {params.get('jobs'):,} jobs of each of two "
+        f"handlers, interleaved, under {_count(sum(injected.values()))} faults while they "
+        f"ran ({faults}). The handler that writes its row and completes its job in the same "
+        f"transaction left {_count(fenced['rows'])} rows for its "
+        f"{_count(fenced['jobs_succeeded'])} succeeded jobs: **{_count(fenced['missing'])} "
+        f"missing, {_count(fenced['duplicated'])} duplicated** "
+        f"({_count(fenced['completions_refused'])} stale completions refused with "
+        "`LeaseLost`, their rows rolled back). The handler that writes, then returns, left "
+        f"{_count(plain['rows'])} rows for its {_count(plain['jobs_succeeded'])}: "
+        f"{_count(plain['missing'])} missing, {_count(plain['duplicated'])} duplicated "
+        f"([figures](results/README.md#{anchor}), `results/effects.json`).\n"
+    )
 
 
 # The figures every fault scenario reports (tests/faults/fault_support.py, Verdict.figures);
