@@ -75,7 +75,7 @@ class EffectsScenario:
     workers: int = 4
     concurrency: int = 4
     lease_seconds: float = 2.0
-    work_ms: tuple[float, float] = (50.0, 250.0)
+    work_ms: tuple[float, float] = (100.0, 400.0)
     fault_every: tuple[float, float] = (1.0, 3.0)
     # Generous, so that a job unlucky enough to meet many faults is retried rather
     # than dead-lettered: this run is about side effects, not about retry policy.
@@ -372,7 +372,7 @@ def describe(run: dict[str, Any]) -> list[str]:
 @click.option("--lease-seconds", type=click.FloatRange(min=0.5), default=2.0, show_default=True)
 @click.option(
     "--work-ms",
-    default="50-250",
+    default="100-400",
     show_default=True,
     callback=seconds_range,
     metavar="MIN-MAX",
