@@ -442,3 +442,33 @@ def test_only_the_finished_row_proves_a_commit(queue, database_url, db, app_tabl
         (check,) = protocol.check_completions([job])
         assert check.state is CompletionState.NOT_COMMITTED, xact
     assert queue.get(job.id).state is JobState.RUNNING
+
+
+def test_an_open_completing_transaction_holds_up_no_other_ack(queue, database_url):
+    # A handler stalled between complete and its commit holds what an ack holds, the
+    # counter and histogram rows of one slot among them: the acks of other jobs of the
+    # same queue and task, from every other session, take other slots.
+    protocol = WorkerProtocol(queue)
+    for _ in range(9):
+        queue.enqueue("t")
+    first, *others = claim(queue, 9)
+    with psycopg.connect(database_url) as stalled:
+        first.complete(stalled, "later")
+        acked: list[Job] = []
+
+        def ack_each() -> None:
+            # Half acked by the worker's statement, half completed in transactions of
+            # their own, each on a session of its own.
+            for number, job in enumerate(others):
+                if number % 2:
+                    protocol.ack(job, "now")
+                else:
+                    with psycopg.connect(database_url) as conn:
+                        job.complete(conn, "now")
+                acked.append(job)
+
+        acking = threading.Thread(target=ack_each)
+        acking.start()
+        acking.join(30)
+        assert len(acked) == 8, "an ack waited for the open completing transaction"
+    assert {queue.get(job.id).state for job in [first, *others]} == {JobState.SUCCEEDED}
