@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import copy
+import pickle
 import threading
 import time
 from datetime import timedelta
@@ -242,6 +244,19 @@ def test_a_job_not_handed_out_by_a_claim_says_so(queue, database_url):
         claimed.transaction().__enter__()
     with pytest.raises(TypeError, match="psycopg Connection"):
         claimed.complete("postgresql://")  # type: ignore[call-overload]
+
+
+def test_a_claimed_job_pickles_and_copies_as_its_row_without_the_attempt(queue, database_url):
+    """A handler may hand its job to a process pool: the copy is the row, and only the
+    original holds the attempt."""
+    claimed = claim_one(queue)
+    for copied in (pickle.loads(pickle.dumps(claimed)), copy.deepcopy(claimed)):
+        assert copied == claimed and copied.payload == {"n": 1}
+        with psycopg.connect(database_url) as conn, pytest.raises(NotAnAttempt):
+            copied.complete(conn)
+    with psycopg.connect(database_url) as conn:
+        claimed.complete(conn, "done")
+    assert queue.get(claimed.id).result == "done"
 
 
 def test_complete_respects_the_queue_schema(database_url, schema, db):

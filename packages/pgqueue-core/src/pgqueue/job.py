@@ -224,6 +224,14 @@ class Job:
         if event is not None:
             event.set()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickled or copied job keeps: the row's fields. What a claim attached to
+        the running attempt (its owner, with the claimer's pool, its completions, its
+        cancellation event) stays with the original, so that a job can still be handed
+        to a process pool or deep-copied; on a copy, ``complete``, ``fence``,
+        ``effect_key`` and ``transaction`` raise :class:`~pgqueue.errors.NotAnAttempt`."""
+        return {name: self.__dict__[name] for name in _JOB_FIELDS}
+
     # -- effects: completing in the caller's transaction ------------------------------
     # Only for the running attempt a claim handed out (a worker, WorkerProtocol.claim,
     # pytest-pgqueue's pgqueue_claim), which knows its schema: see pgqueue.effects.
