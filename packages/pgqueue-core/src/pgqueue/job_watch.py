@@ -245,6 +245,11 @@ class JobWatcher:
         now = time.monotonic()
         renew_at = now + ROW_SECONDS / 3
         recheck_at = now + self.recheck_interval
+        # poll, not select: a server holding a thousand client sockets has descriptors
+        # beyond select's limit.
+        poller = select.poll()
+        poller.register(conn.fileno(), select.POLLIN)
+        poller.register(self._read_fd, select.POLLIN)
         while not self._stopped.is_set():
             with self._lock:
                 arrived, self._arrived = self._arrived, set()
@@ -273,10 +278,8 @@ class JobWatcher:
                 recheck_at = now + self.recheck_interval
             self._take_announcements(conn)
             sleep = min(renew_at, recheck_at) - time.monotonic()
-            ready, _, _ = select.select(
-                [conn.fileno(), self._read_fd], [], [], max(0.0, min(sleep, _LONGEST_SLEEP))
-            )
-            if self._read_fd in ready:
+            ready = poller.poll(max(0.0, min(sleep, _LONGEST_SLEEP)) * 1000)
+            if any(fd == self._read_fd for fd, _ in ready):
                 with contextlib.suppress(BlockingIOError):
                     while os.read(self._read_fd, 4096):
                         pass
