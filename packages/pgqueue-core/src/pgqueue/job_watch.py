@@ -112,22 +112,24 @@ class JobWatcher:
 
     def wait(self, job_id: int, timeout: float) -> bool:
         """Block until job ``job_id`` is final, does not exist, or was announced as
-        finished (True), or ``timeout`` seconds pass (False)."""
+        finished (True), or ``timeout`` seconds pass, or the watcher is closed (False)."""
         sleeper = _ThreadSleeper()
-        self._add(job_id, sleeper)
+        if not self._add(job_id, sleeper):
+            return False
         try:
-            return sleeper.event.wait(max(0.0, timeout))
+            return sleeper.event.wait(max(0.0, timeout)) and not self._stopped.is_set()
         finally:
             self._remove(job_id, sleeper)
 
     async def wait_async(self, job_id: int, timeout: float) -> bool:
         """:meth:`wait` for asyncio code: awaits, holding no thread."""
         sleeper = _TaskSleeper()
-        self._add(job_id, sleeper)
+        if not self._add(job_id, sleeper):
+            return False
         try:
             async with asyncio.timeout(max(0.0, timeout)):
                 await sleeper.event.wait()
-            return True
+            return not self._stopped.is_set()
         except TimeoutError:
             return False
         finally:
@@ -159,11 +161,11 @@ class JobWatcher:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def _add(self, job_id: int, sleeper: _Sleeper) -> None:
+    def _add(self, job_id: int, sleeper: _Sleeper) -> bool:
+        """Take a waiter on; False once the watcher is closed."""
         with self._lock:
             if self._stopped.is_set():
-                sleeper.wake()
-                return
+                return False
             group = self._sleepers.setdefault(job_id, set())
             if not group:
                 self._arrived.add(job_id)
@@ -175,6 +177,7 @@ class JobWatcher:
                 )
                 self._thread.start()
         self._poke()
+        return True
 
     def _remove(self, job_id: int, sleeper: _Sleeper) -> None:
         with self._lock:
