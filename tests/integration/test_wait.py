@@ -53,24 +53,27 @@ def waiter_rows(db: psycopg.Connection, schema: str) -> int:
     return int(row[0])
 
 
-def test_wait_returns_the_job_within_100_ms_of_its_ack_by_announcement(watched: Queue) -> None:
-    job = watched.enqueue("t", {"n": 1}).job
-    protocol, claimed = claim(watched)
-    acked_at: list[float] = []
-
-    def ack() -> None:
-        protocol.ack(claimed, {"answer": 42})
-        acked_at.append(time.monotonic())
-
-    thread = later(1.0, ack)
-    started = time.monotonic()
-    done = watched.wait(job.id, timeout=30)
-    returned = time.monotonic()
-    thread.join()
-    assert done.state is JobState.SUCCEEDED and done.result == {"answer": 42}
-    # Long before the safety re-check (60 s): the announcement woke it.
-    assert returned - acked_at[0] < 0.1, returned - acked_at[0]
-    assert returned - started < 5
+def test_wait_returns_the_job_within_100_ms_of_its_ack_by_announcement(
+    watched: Queue, db: psycopg.Connection, schema: str
+) -> None:
+    latencies = []
+    for n in range(5):
+        job = watched.enqueue("t", {"n": n}).job
+        protocol, claimed = claim(watched)
+        done: list[Job] = []
+        thread = threading.Thread(target=lambda j=job, d=done: d.append(watched.wait(j.id, 30)))
+        thread.start()
+        wait_for(lambda: waiter_rows(db, schema) == 1, 10, what="the job to be recorded")
+        protocol.ack(claimed, {"answer": n})
+        acked_at = time.monotonic()
+        thread.join(30)
+        latencies.append(time.monotonic() - acked_at)
+        assert done[0].state is JobState.SUCCEEDED and done[0].result == {"answer": n}
+        wait_for(lambda: waiter_rows(db, schema) == 0, 10, what="the row to be deleted")
+    # Long before the safety re-check (60 s): the announcement woke each. The median,
+    # so that one wake-up late on a loaded machine does not decide.
+    assert sorted(latencies)[2] < 0.1, latencies
+    assert max(latencies) < 2, latencies
 
 
 def test_wait_returns_at_the_timeout_with_the_current_state(watched: Queue) -> None:
@@ -97,7 +100,9 @@ def test_wait_for_a_final_job_returns_at_once_and_for_a_missing_one_raises(
     assert time.monotonic() - started < 2
 
 
-def test_dead_jobs_cancels_and_cancelled_dependents_are_announced(watched: Queue) -> None:
+def test_dead_jobs_cancels_and_cancelled_dependents_are_announced(
+    watched: Queue, db: psycopg.Connection, schema: str
+) -> None:
     doomed = watched.enqueue("t", max_attempts=1).job
     dependent = watched.enqueue("t", depends_on=[doomed.id]).job
     cancelled = watched.enqueue("u").job
@@ -114,7 +119,9 @@ def test_dead_jobs_cancels_and_cancelled_dependents_are_announced(watched: Queue
     ]
     for thread in threads:
         thread.start()
-    wait_for(lambda: watched.job_watcher().waiting == 3, 10, what="three waits")
+    # Finished once recorded: a statement under way as a job is recorded may miss it,
+    # which the slow re-check (here a minute away) would settle.
+    wait_for(lambda: waiter_rows(db, schema) == 3, 10, what="three jobs to be recorded")
     started = time.monotonic()
     protocol.fail(claimed, "no luck")
     watched.cancel(cancelled.id)
