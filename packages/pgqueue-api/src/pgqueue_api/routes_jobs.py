@@ -14,6 +14,7 @@ only after its statement has committed.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
@@ -54,6 +55,7 @@ from pgqueue_api.schemas import (
     JobBatchCreate,
     JobCreate,
     JobFilter,
+    JobWait,
 )
 from pgqueue_api.strict_json import StrictJSONRoute
 from pgqueue_api.unserved import refuse_unserved
@@ -67,6 +69,7 @@ async def current_queue(request: Request) -> Queue:
 
 QueueDep = Annotated[Queue, Depends(current_queue)]
 JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX, description="The job's id.")]
+
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["jobs"])
 
@@ -297,16 +300,32 @@ def _list_jobs(queue: Queue, filters: JobFilter) -> Response:
     summary="Get a job",
     responses={200: {"links": job_links("")}, **NOT_FOUND, **INVALID, **UNAVAILABLE},
 )
-async def get_job(job_id: JobId, queue: QueueDep) -> Response:
+async def get_job(job_id: JobId, queue: QueueDep, options: Annotated[JobWait, Query()]) -> Response:
     """The job's state, attempts, last error, result and timestamps, and the ids of the
-    jobs it depends on (`depends_on`) and of those that depend on it (`dependents`)."""
-    return await run_in_threadpool(_job_detail, queue, job_id)
+    jobs it depends on (`depends_on`) and of those that depend on it (`dependents`).
+
+    With `wait`, the answer comes as soon as the job is final, or after `wait` seconds
+    with the job as it is then. The request waits on the event loop, woken by the API
+    process's one listening connection (see pgqueue.job_watch): waiting requests take
+    neither a thread nor a pooled connection until they answer."""
+    if options.wait is None:
+        response, _ = await run_in_threadpool(_job_detail, queue, job_id)
+        return response
+    deadline = time.monotonic() + options.wait
+    watcher = queue.job_watcher()
+    while True:
+        woken = await watcher.wait_async(job_id, deadline - time.monotonic())
+        response, finished = await run_in_threadpool(_job_detail, queue, job_id)
+        # A job retried after it was announced is waited for again, until the deadline.
+        if finished or not woken or time.monotonic() >= deadline:
+            return response
 
 
-def _job_detail(queue: Queue, job_id: int) -> Response:
+def _job_detail(queue: Queue, job_id: int) -> tuple[Response, bool]:
+    """The answer of ``GET /jobs/{id}``, and whether the job is final."""
     note_job(job_id)
     job = queue.get(job_id)
-    return json_response(job_detail_body(job, queue.dependencies(job_id)))
+    return json_response(job_detail_body(job, queue.dependencies(job_id))), job.state.finished
 
 
 @router.post(

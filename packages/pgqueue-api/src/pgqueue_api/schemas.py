@@ -177,6 +177,26 @@ class JobFilter(RequestBody):
     )
 
 
+WAIT_MAX_SECONDS = 60.0
+"""The longest ``GET /jobs/{id}?wait=S`` may wait: a request held longer is cut off by
+proxies and load balancers more often than not."""
+
+
+class JobWait(RequestBody):
+    """Query parameters of ``GET /jobs/{id}``."""
+
+    wait: float | None = Field(
+        default=None,
+        gt=0,
+        le=WAIT_MAX_SECONDS,
+        description=(
+            "Answer as soon as the job is final (succeeded, dead or cancelled), or after "
+            "this many seconds (0 < wait <= 60) with its current state: check `state`. "
+            "The wait holds no database connection."
+        ),
+    )
+
+
 class EarlierItem(RequestBody):
     """In a batch item's ``depends_on``: an earlier item of the same batch."""
 

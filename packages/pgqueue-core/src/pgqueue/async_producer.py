@@ -17,6 +17,7 @@ connections only.
 from __future__ import annotations
 
 import asyncio
+import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ import psycopg_pool
 
 from pgqueue import connections, queries, tracing, validation
 from pgqueue.errors import DatabaseUnavailable, ValidationError
-from pgqueue.job import EnqueueResult
+from pgqueue.job import EnqueueResult, Job
 from pgqueue.job_spec import JobSpec
 from pgqueue.queue_base import UNAVAILABLE, describe_unavailable
 
@@ -87,6 +88,19 @@ class AsyncProducer:
         else:
             job_id, run_at, enqueued_at = await self._insert_one(params)
         return EnqueueResult(spec.queued_job(job_id, run_at, enqueued_at), True)
+
+    async def wait(self, job_id: int, timeout: float) -> Job:
+        """:meth:`pgqueue.Queue.wait`, awaited: the job once it is final, or as it is
+        when ``timeout`` seconds have passed. The wait holds no thread and no
+        connection (the Queue's job watcher wakes it); the job is read in a thread."""
+        timeout = validation.seconds("timeout", timeout)
+        deadline = time.monotonic() + timeout
+        watcher = self.queue.job_watcher()
+        while True:
+            woken = await watcher.wait_async(job_id, deadline - time.monotonic())
+            job = await asyncio.to_thread(self.queue.get, job_id)
+            if job.state.finished or not woken or time.monotonic() >= deadline:
+                return job
 
     async def _insert_one(self, params: dict[str, Any]) -> tuple[int, datetime, datetime]:
         """Run job_insert in autocommit, its own transaction: the id and the times."""

@@ -4,22 +4,76 @@
 from __future__ import annotations
 
 import json
+import math
+from collections.abc import Callable
 from typing import Any
 
 import click
 
+from pgqueue import validation
 from pgqueue.cli import (
     COMMAND_EXIT_STATUSES,
+    ERROR_STATUS,
+    EXIT_OK,
+    USAGE_STATUS,
     _echo_json,
     database_options,
+    exit_status_help,
     open_queue,
     parse_duration,
 )
-from pgqueue.job import FINISHED_STATES, JobState
+from pgqueue.job import FINISHED_STATES, Job, JobState
 from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
+# With --wait: the job did not succeed (dead or cancelled), or was not final in time.
+EXIT_JOB_FAILED = 4
+EXIT_WAIT_TIMED_OUT = 5
 
-@click.command(epilog=COMMAND_EXIT_STATUSES)
+WAIT_EXIT_STATUSES = exit_status_help(
+    (EXIT_OK, "done (with --wait: the job succeeded)"),
+    ERROR_STATUS,
+    USAGE_STATUS,
+    (EXIT_JOB_FAILED, "with --wait: the job ended dead or cancelled"),
+    (EXIT_WAIT_TIMED_OUT, "with --wait: the job was not final when the wait ended"),
+)
+
+
+def _finite(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    # FloatRange lets NaN through (it compares false with both bounds).
+    if value is not None and not math.isfinite(value):
+        raise click.BadParameter(f"{value} is not a number of seconds")
+    return value
+
+
+def wait_option(what: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """The --wait option of ``enqueue`` and ``job``."""
+    return click.option(
+        "--wait",
+        "wait_seconds",
+        type=click.FloatRange(min=0, min_open=True, max=validation.MAX_SECONDS),
+        callback=_finite,
+        metavar="SECONDS",
+        help=(
+            f"Wait up to SECONDS for {what} to be final, then print it; the exit status "
+            "says how it ended (see below)."
+        ),
+    )
+
+
+def _exit_as_waited(job: Job, waited: float) -> None:
+    """End a --wait command with the status of how ``job`` ended, and a line on stderr
+    unless it succeeded (its JSON is already printed)."""
+    if job.state is JobState.SUCCEEDED:
+        return
+    if job.state.finished:
+        reason = f": {job.last_error}" if job.last_error else ""
+        click.echo(f"job {job.id} ended {job.state.value}{reason}", err=True)
+        raise SystemExit(EXIT_JOB_FAILED)
+    click.echo(f"job {job.id} is still {job.state.value} after waiting {waited:g} s", err=True)
+    raise SystemExit(EXIT_WAIT_TIMED_OUT)
+
+
+@click.command(epilog=WAIT_EXIT_STATUSES)
 @click.argument("task")
 @click.option("--payload", default="{}", show_default=True, help="Job payload, a JSON object.")
 @click.option("--queue", default=DEFAULT_QUEUE, show_default=True)
@@ -39,18 +93,22 @@ from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
     metavar="JOB_ID",
     help="Wait until this job has succeeded (repeatable); cancelled if it ends dead or cancelled.",
 )
+@wait_option("the job")
 @database_options
 def enqueue(
     task: str,
     payload: str,
     database_url: str | None,
     schema: str,
+    wait_seconds: float | None,
     **options: Any,
 ) -> None:
     """Enqueue one TASK and print the job as JSON.
 
     With --depends-on, the job is waiting until those jobs have succeeded (queued at
-    once if they already have)."""
+    once if they already have). With --wait, the job is printed once it is final (its
+    result in "result"), and the exit status is 0 only if it succeeded: a shell script
+    can run a job and check it."""
     try:
         body = json.loads(payload)
         _check_utf8(json.dumps(body, ensure_ascii=False), "--payload")
@@ -65,7 +123,12 @@ def enqueue(
             _check_utf8(options[name], f"--{name.replace('_', '-')}")
     with open_queue(database_url, schema) as queue:
         outcome = queue.enqueue(task, body, **options)
-    _echo_json({"created": outcome.created, "job": outcome.job.to_dict()})
+        job = outcome.job
+        if wait_seconds is not None:
+            job = queue.wait(job.id, wait_seconds)
+    _echo_json({"created": outcome.created, "job": job.to_dict()})
+    if wait_seconds is not None:
+        _exit_as_waited(job, wait_seconds)
 
 
 def _check_utf8(text: str, param_hint: str) -> None:
@@ -127,15 +190,21 @@ def status(database_url: str | None, schema: str, as_json: bool) -> None:
             )
 
 
-@click.command("job", epilog=COMMAND_EXIT_STATUSES)
+@click.command("job", epilog=WAIT_EXIT_STATUSES)
 @click.argument("job_id", type=int)
+@wait_option("it")
 @database_options
-def show_job(job_id: int, database_url: str | None, schema: str) -> None:
+def show_job(
+    job_id: int, database_url: str | None, schema: str, wait_seconds: float | None
+) -> None:
     """Show one job as JSON, with the errors of its failed attempts (the latest 20), the
     ids of the jobs it depends on (depends_on) and of those that depend on it
-    (dependents)."""
+    (dependents).
+
+    With --wait, once the job is final, or as it is when the wait ends; the exit status
+    is 0 only if it succeeded."""
     with open_queue(database_url, schema) as queue:
-        job = queue.get(job_id)
+        job = queue.get(job_id) if wait_seconds is None else queue.wait(job_id, wait_seconds)
         dependencies = queue.dependencies(job_id)
     _echo_json(
         {
@@ -144,6 +213,8 @@ def show_job(job_id: int, database_url: str | None, schema: str) -> None:
             "dependents": dependencies.dependents,
         }
     )
+    if wait_seconds is not None:
+        _exit_as_waited(job, wait_seconds)
 
 
 @click.command(epilog=COMMAND_EXIT_STATUSES)

@@ -221,8 +221,9 @@ class OutcomeMethods(QueueBase):
             if rows:
                 written, cancelled = self._write_outcomes(conn, rows, commit=False)
             # And the waiting records and registry rows of workers that stopped
-            # without removing them.
+            # without removing them, and the rows of job watchers that did the same.
             cur.execute(self._sql("waiters_expired_delete"))
+            cur.execute(self._sql("job_waiters_expired_delete"))
             cur.execute(self._sql("workers_expired_delete"))
         if not rows:
             return []

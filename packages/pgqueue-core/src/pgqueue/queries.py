@@ -9,7 +9,7 @@ from typing import TypeVar
 
 from psycopg import Cursor, sql
 
-from pgqueue.settings import notify_channel
+from pgqueue.settings import done_channel, notify_channel
 
 _Row = TypeVar("_Row")
 
@@ -55,8 +55,9 @@ def query_names() -> list[str]:
 @cache
 def bind(name: str, schema: str, lock: str = "skip-locked") -> sql.SQL:
     """The statement called ``name`` with its placeholders filled for ``schema``:
-    ``{schema}``, ``{lock}``, and the schema's LISTEN/NOTIFY channel as ``{channel}``
-    (a name) and ``{channel_name}`` (a string)."""
+    ``{schema}``, ``{lock}``, the schema's LISTEN/NOTIFY channel as ``{channel}``
+    (a name) and ``{channel_name}`` (a string), and the channel of finished jobs that
+    someone waits for as ``{done_channel}`` and ``{done_channel_name}``."""
     # Rendered once: psycopg renders a Composed again on every execute, which a worker
     # claiming thousands of jobs a second would pay each time.
     return sql.SQL(compose(name, schema, lock).as_string(None))
@@ -76,6 +77,8 @@ def compose(
         lock=CLAIM_LOCKS[lock],
         channel=sql.Identifier(notify_channel(schema)),
         channel_name=sql.Literal(notify_channel(schema)),
+        done_channel=sql.Identifier(done_channel(schema)),
+        done_channel_name=sql.Literal(done_channel(schema)),
         **parts,
     )
 

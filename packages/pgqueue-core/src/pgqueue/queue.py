@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import copy
 import math
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +46,7 @@ from pgqueue.errors import (
 )
 from pgqueue.job import Job, JobState
 from pgqueue.job_spec import JobSpec
+from pgqueue.job_watch import JobWatcher
 from pgqueue.outcomes import OutcomeBatch
 from pgqueue.producing import ProducerMethods
 from pgqueue.pruning import PruneMethods
@@ -114,6 +117,8 @@ class Queue(
         )
         """Seconds each pooled connection's work may take before the connection is cut
         off (see :mod:`pgqueue.deadlines`); None waits as long as it takes."""
+        # Shared with the copies with_statement_timeout makes: one watcher per pool.
+        self._watchers = _WatcherSlot()
 
     @classmethod
     def connect(
@@ -154,7 +159,8 @@ class Queue(
         return bounded
 
     def close(self) -> None:
-        """Close the pool."""
+        """Stop the job watcher, if a wait started it, and close the pool."""
+        self._watchers.close()
         self.pool.close()
 
     def __enter__(self) -> Queue:
@@ -177,6 +183,29 @@ class Queue(
         if not rows:
             raise JobNotFound(job_id)
         return Job.from_row(rows[0])
+
+    def wait(self, job_id: int, timeout: float) -> Job:
+        """The job once it is final (succeeded, dead or cancelled), or as it is when
+        ``timeout`` seconds have passed (check its ``state``). Raises JobNotFound.
+
+        The wait costs no query while it lasts: the Queue's :meth:`job_watcher`, one
+        LISTEN connection for every wait of the Queue, wakes it when the statement
+        that finishes the job commits. A job retried after it finished, before this
+        call read it, is waited for again until the timeout."""
+        timeout = validation.seconds("timeout", timeout)
+        deadline = time.monotonic() + timeout
+        watcher = self.job_watcher()
+        while True:
+            woken = watcher.wait(job_id, deadline - time.monotonic())
+            job = self.get(job_id)
+            if job.state.finished or not woken or time.monotonic() >= deadline:
+                return job
+
+    def job_watcher(self) -> JobWatcher:
+        """The Queue's :class:`~pgqueue.job_watch.JobWatcher`, made on first use: the one
+        connection on which every :meth:`wait` of this Queue (and of the
+        :class:`~pgqueue.AsyncProducer` and API on it) hears of finished jobs."""
+        return self._watchers.get(self)
 
     def dependencies(self, job_id: int) -> JobDependencies:
         """The jobs ``job_id`` depends on and the jobs that depend on it (ids that may
@@ -334,6 +363,26 @@ class Queue(
                 conn.execute(self._sql("database_ping"))
         except psycopg.Error as exc:
             raise DatabaseUnavailable(describe_unavailable(exc)) from exc
+
+
+class _WatcherSlot:
+    """The one :class:`JobWatcher` of a Queue and its copies, made on first use."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watcher: JobWatcher | None = None
+
+    def get(self, queue: Queue) -> JobWatcher:
+        with self._lock:
+            if self._watcher is None:
+                self._watcher = JobWatcher(queue)
+            return self._watcher
+
+    def close(self) -> None:
+        with self._lock:
+            watcher, self._watcher = self._watcher, None
+        if watcher is not None:
+            watcher.close()
 
 
 __all__ = [

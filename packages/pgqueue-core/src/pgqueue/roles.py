@@ -92,6 +92,12 @@ _TABLE_GRANTS: dict[str, dict[str, list[str]]] = {
         # stopping worker delete them.
         WORKER: ["INSERT", "UPDATE", "DELETE"],
     },
+    "job_waiters": {
+        # Queue.wait (and the API's ?wait) records the jobs it waits for, renews and
+        # deletes its rows; a statement that finishes jobs reads it to announce only
+        # those; the reaper deletes expired rows.
+        PRODUCER: ["SELECT", "INSERT", "UPDATE", "DELETE"],
+    },
     "queue_settings": {
         PRODUCER: ["SELECT"],
         # A claim of a limited queue locks its row and spends its tokens: no more.

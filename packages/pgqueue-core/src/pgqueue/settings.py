@@ -18,7 +18,7 @@ _SCHEMA_PATTERN = re.compile(r"^[a-z_][a-z0-9_]{0,46}$")
 def check_schema(schema: str) -> str:
     """A schema name: lower-case letters, digits and '_', at most 47 characters.
 
-    The limit leaves room for the ``_jobs`` suffix of the NOTIFY channel within
+    The limit leaves room for the ``_jobs_done`` suffix of the NOTIFY channels within
     PostgreSQL's 63-byte identifiers.
     """
     if not isinstance(schema, str) or not _SCHEMA_PATTERN.match(schema):
@@ -31,6 +31,14 @@ def check_schema(schema: str) -> str:
 def notify_channel(schema: str) -> str:
     """The LISTEN/NOTIFY channel on which new jobs in ``schema`` are announced."""
     return f"{schema}_jobs"
+
+
+def done_channel(schema: str) -> str:
+    """The LISTEN/NOTIFY channel on which the jobs of ``schema`` that someone waits for
+    (see :mod:`pgqueue.job_watch`) are announced as they finish, by id: the jobs
+    channel's name with ``_done`` added, which SQL functions that are given the jobs
+    channel derive the same way. Within 63 bytes for any schema name allowed."""
+    return f"{notify_channel(schema)}_done"
 
 
 def resolve_database_url(explicit: str | None = None) -> str:

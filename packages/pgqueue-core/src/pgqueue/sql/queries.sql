@@ -823,6 +823,16 @@ counted AS (
         dead = counter.dead + excluded.dead,
         failures = counter.failures + excluded.failures
 ),
+watched AS (
+    -- The jobs this statement finished that someone waits for (see job_waiters in
+    -- schema.sql), each announced by id on the done channel as the transaction
+    -- commits. Nobody waits, nearly always: the first EXISTS, run once, finds the table
+    -- empty, and no job of the batch is looked up. Read once, by the final SELECT.
+    SELECT pg_notify({done_channel_name}, ended.id::text)
+    FROM ended
+    WHERE EXISTS (SELECT FROM {schema}.job_waiters)
+      AND EXISTS (SELECT FROM {schema}.job_waiters AS waiter WHERE waiter.job_id = ended.id)
+),
 written AS (
     SELECT now() AS written_at,
            ARRAY(
@@ -850,6 +860,7 @@ written AS (
 SELECT written.written_at, written.refused, written.released,
        failed.position, failed.state, failed.run_at, failed.errors, failed.has_dependents
 FROM written LEFT JOIN failed ON true
+WHERE (SELECT count(*) FROM watched) >= 0
 ORDER BY failed.position;
 
 -- name: job_fence
@@ -966,8 +977,16 @@ counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, cancelled)
     SELECT queue, {schema}.counter_slot(), 1 FROM cancelled
     ON CONFLICT (queue, slot) DO UPDATE SET cancelled = counter.cancelled + 1
+),
+watched AS (
+    -- The cancelled jobs that someone waits for, announced as in job_finish_many.
+    SELECT pg_notify({done_channel_name}, cancelled.id::text)
+    FROM cancelled
+    WHERE EXISTS (SELECT FROM {schema}.job_waiters)
+      AND EXISTS (SELECT FROM {schema}.job_waiters AS waiter WHERE waiter.job_id = cancelled.id)
 )
-SELECT * FROM moved;
+SELECT * FROM moved
+WHERE (SELECT count(*) FROM watched) >= 0;
 
 -- name: job_retry
 -- dead | cancelled -> queued, moved back to active_jobs, runnable now, with its
@@ -1452,6 +1471,45 @@ WHERE ctid = ANY(ARRAY(
     FOR UPDATE SKIP LOCKED
 ));
 
+-- name: job_waiters_listen
+-- Subscribes a job watcher's session (see pgqueue.job_watch) to the channel on which
+-- finished jobs that someone waits for are announced (see job_waiters in schema.sql).
+LISTEN {done_channel};
+
+-- name: job_waiters_register
+-- A watcher waits for these jobs, until expires_at: its rows are written, or renewed
+-- (every few seconds while it waits). It then reads their states (job_waiters_states)
+-- in a transaction of its own: a job whose finishing statement began before this row
+-- was committed is not announced, but that statement has either committed by then, and
+-- the job reads as final, or is still under way, a rare race that the watcher's slow
+-- re-check of every job it waits for settles.
+INSERT INTO {schema}.job_waiters AS waiting (job_id, waiter, expires_at)
+SELECT job_id, %(waiter)s, now() + make_interval(secs => %(seconds)s)
+FROM unnest(%(ids)s::bigint[]) AS job_id
+ORDER BY job_id
+ON CONFLICT (job_id, waiter) DO UPDATE SET expires_at = excluded.expires_at;
+
+-- name: job_waiters_states
+-- The state of each of these jobs that exists, for a watcher: one index lookup each.
+SELECT id, state::text AS state FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]);
+
+-- name: job_waiters_forget
+-- A watcher no longer waits for these jobs (or for any, as it stops).
+DELETE FROM {schema}.job_waiters
+WHERE waiter = %(waiter)s
+  AND (%(ids)s::bigint[] IS NULL OR job_id = ANY(%(ids)s::bigint[]));
+
+-- name: job_waiters_expired_delete
+-- The rows of watchers that stopped without saying so (killed, cut off): harmless while
+-- they last (the jobs they name are announced when they finish), removed by the reaper
+-- and by every watcher's renewal.
+DELETE FROM {schema}.job_waiters
+WHERE ctid = ANY(ARRAY(
+    SELECT ctid FROM {schema}.job_waiters
+    WHERE expires_at < now()
+    FOR UPDATE SKIP LOCKED
+));
+
 -- name: pruner_try_lock
 -- The automatic pruner's turn: transaction-scoped, like the reaper's, so it is safe
 -- behind PgBouncer; each of its steps (a day created or dropped, a batch deleted from a
@@ -1832,8 +1890,16 @@ counted AS (
     SELECT queue, {schema}.counter_slot(), count(*) FROM cancelled
     GROUP BY queue ORDER BY queue
     ON CONFLICT (queue, slot) DO UPDATE SET cancelled = counter.cancelled + excluded.cancelled
+),
+watched AS (
+    -- The cancelled jobs that someone waits for, announced as in job_finish_many.
+    SELECT pg_notify({done_channel_name}, cancelled.id::text)
+    FROM cancelled
+    WHERE EXISTS (SELECT FROM {schema}.job_waiters)
+      AND EXISTS (SELECT FROM {schema}.job_waiters AS waiter WHERE waiter.job_id = cancelled.id)
 )
-SELECT * FROM moved;
+SELECT * FROM moved
+WHERE (SELECT count(*) FROM watched) >= 0;
 
 -- name: job_dependencies_get
 -- The jobs a job depends on, and the jobs that depend on it, ids ascending.

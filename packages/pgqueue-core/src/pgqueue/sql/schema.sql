@@ -316,6 +316,26 @@ CREATE UNLOGGED TABLE {schema}.queue_waiters (
 CREATE INDEX queue_waiters_queue_idx ON {schema}.queue_waiters (queue, expires_at);
 CREATE INDEX queue_waiters_waiter_idx ON {schema}.queue_waiters (waiter);
 
+-- The jobs that someone waits for to finish (Queue.wait, GET /jobs/ID?wait=S): one
+-- row per job and waiting process (waiter, its watcher's name), valid until
+-- expires_at, which the watcher renews while it waits and deletes when it stops;
+-- rows left by a process that died expire, and job_waiters_expired_delete removes
+-- them. A statement that finishes jobs (job_finish_many, job_cancel,
+-- job_dependents_cancel, dependents_checked) notifies the schema's "done" channel
+-- (pgqueue.settings.done_channel) with the id of each finished job found here, and
+-- only those: when nobody waits, which is nearly always, that costs one look at an
+-- empty index, never a NOTIFY (whose lock at commit would serialise the acks).
+-- Unlogged, as queue_waiters: a watcher registers its jobs again whenever it
+-- reconnects, and reads their states then.
+CREATE UNLOGGED TABLE {schema}.job_waiters (
+    job_id     bigint NOT NULL,
+    waiter     text NOT NULL,
+    expires_at timestamptz NOT NULL,
+    PRIMARY KEY (job_id, waiter)
+);
+
+CREATE INDEX job_waiters_expires_at_idx ON {schema}.job_waiters (expires_at);
+
 -- What an operator set for a queue: paused, a concurrency limit (jobs running at once
 -- across every worker) and a rate limit (jobs started per second across every worker).
 -- Only queues with settings have a row: a claim reads this table's primary key for the
@@ -546,8 +566,18 @@ BEGIN
             GROUP BY cancelled.queue ORDER BY cancelled.queue
             ON CONFLICT (queue, slot)
             DO UPDATE SET cancelled = counter.cancelled + excluded.cancelled
+        ),
+        watched AS (
+            -- The cancelled jobs that someone waits for (see job_waiters), announced by
+            -- id on the done channel, as job_finish_many announces those it finishes.
+            SELECT pg_notify(channel || '_done', moved.id::text)
+            FROM moved
+            WHERE EXISTS (SELECT FROM {schema}.job_waiters)
+              AND EXISTS (SELECT FROM {schema}.job_waiters AS waiter
+                          WHERE waiter.job_id = moved.id)
         )
-        SELECT moved.id, 'cancelled'::text FROM moved;
+        SELECT moved.id, 'cancelled'::text FROM moved
+        WHERE (SELECT count(*) FROM watched) >= 0;
         GET DIAGNOSTICS ended = ROW_COUNT;
         EXIT WHEN ended = 0;
     END LOOP;
