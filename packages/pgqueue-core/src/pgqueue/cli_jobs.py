@@ -15,6 +15,7 @@ from pgqueue.cli import (
     open_queue,
     parse_duration,
 )
+from pgqueue.dependencies import DEPENDENCY_MODES
 from pgqueue.job import FINISHED_STATES, JobState
 from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
@@ -39,6 +40,13 @@ from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
     metavar="JOB_ID",
     help="Wait until this job has succeeded (repeatable); cancelled if it ends dead or cancelled.",
 )
+@click.option(
+    "--dependency-mode",
+    type=click.Choice(DEPENDENCY_MODES),
+    default="succeeded",
+    show_default=True,
+    help="finished: wait until every --depends-on job is final in any state, never cancelled.",
+)
 @database_options
 def enqueue(
     task: str,
@@ -50,7 +58,8 @@ def enqueue(
     """Enqueue one TASK and print the job as JSON.
 
     With --depends-on, the job is waiting until those jobs have succeeded (queued at
-    once if they already have)."""
+    once if they already have); with --dependency-mode finished, until they are all
+    final, whatever their state."""
     try:
         body = json.loads(payload)
         _check_utf8(json.dumps(body, ensure_ascii=False), "--payload")
@@ -142,6 +151,7 @@ def show_job(job_id: int, database_url: str | None, schema: str) -> None:
             **job.to_dict(),
             "depends_on": dependencies.depends_on,
             "dependents": dependencies.dependents,
+            "dependency_mode": dependencies.dependency_mode,
         }
     )
 

@@ -9,7 +9,10 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import datetime
 from operator import itemgetter
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pgqueue.dependencies import Dependency
 
 
 class JobState(enum.StrEnum):
@@ -122,14 +125,17 @@ class Job:
         shared = dict(shared or {})
         names = tuple(name for name in _JOB_FIELDS if name not in shared)
         values_of: Callable[[Sequence[Any]], Iterable[Any]]
-        if tuple(columns) == names:
+        # Columns after the fields (a claim's pending_dependencies) are left out by zip,
+        # which stops at the last name.
+        extra = len(columns) > len(names)
+        if tuple(columns[: len(names)]) == names:
             values_of = iter
         else:
             values_of = itemgetter(*[list(columns).index(name) for name in names])
         jobs = []
         loaded = iter(()) if payloads is None else iter(payloads)
         for row in rows:
-            values = dict(zip(names, values_of(row), strict=True))
+            values = dict(zip(names, values_of(row), strict=not extra))
             values.update(shared)
             if payloads is not None:
                 values["payload"] = next(loaded)
@@ -220,6 +226,25 @@ class Job:
             event = self.__dict__.get("_cancel_event")
         if event is not None:
             event.set()
+
+    # -- what it waited for -----------------------------------------------------------
+    # Not a column nor a dataclass field, like the above: set by the worker's claim on
+    # the jobs enqueued with depends_on, and only on them.
+
+    @property
+    def dependencies(self) -> tuple[Dependency, ...]:
+        """The jobs this one waited for (``depends_on``), in the order it named them,
+        each with its id, task, state and result as the claim that handed this job to
+        its worker found them: a fan-in sums its parents' results from here, without a
+        query of its own. Empty for a job without dependencies, and for one that no
+        worker claimed (read them with ``Queue.dependencies``). See
+        :mod:`pgqueue.dependencies`, also for those pruned since."""
+        found: tuple[Dependency, ...] = self.__dict__.get("_dependencies", ())
+        return found
+
+    def attach_dependencies(self, dependencies: Sequence[Dependency]) -> None:
+        """Set :attr:`dependencies`: the claim does, before any handler sees the job."""
+        self.__dict__["_dependencies"] = tuple(dependencies)
 
     def to_dict(self) -> dict[str, Any]:
         """The job as plain JSON-friendly values (ISO timestamps, string token)."""
