@@ -137,6 +137,20 @@ def test_finished_mode_over_jobs_already_final_is_queued_at_once(queue: Queue) -
         JobState.QUEUED,
         JobState.CANCELLED,
     ]
+    # Beside a default-mode item cancelled by a dead job they both name, a callback
+    # still waits for the item of its batch that has not ended.
+    mixed = queue.enqueue_many(
+        [
+            JobSpec("t"),
+            JobSpec("report", depends_on=[BatchItem(0), dead.id], dependency_mode="finished"),
+            JobSpec("report", depends_on=[BatchItem(0), dead.id]),
+        ]
+    )
+    assert [r.job.state for r in mixed] == [
+        JobState.QUEUED,
+        JobState.WAITING,
+        JobState.CANCELLED,
+    ]
 
 
 def test_finished_mode_in_a_callers_transaction_is_never_cancelled_at_commit(
@@ -197,6 +211,30 @@ def test_a_finished_mode_job_is_retried_without_refusal(queue: Queue) -> None:
     _kill(queue, dies.id)
     (released,) = _claim_all(queue, "report").values()
     assert [(d.id, d.state) for d in released.dependencies] == [(dies.id, "dead")]
+
+
+def test_a_dependency_retried_while_the_callback_waits_is_waited_for_again(
+    queue: Queue, db, schema
+) -> None:
+    protocol = WorkerProtocol(queue)
+    dies, other = queue.enqueue("t", max_attempts=1).job, queue.enqueue("other").job
+    callback = queue.enqueue(
+        "report", depends_on=[dies.id, other.id], dependency_mode="finished"
+    ).job
+    _kill(queue, dies.id)
+    assert _pending(db, schema, callback.id) == 1
+    queue.retry(dies.id)
+    assert _pending(db, schema, callback.id) == 2
+    # Its second end is counted once: the callback still waits for "other".
+    protocol.ack(_claim_all(queue)[dies.id], "second time")
+    assert queue.get(callback.id).state is JobState.WAITING
+    assert _pending(db, schema, callback.id) == 1
+    protocol.ack(_claim_all(queue, "other")[other.id])
+    (released,) = _claim_all(queue, "report").values()
+    assert [(d.state, d.result) for d in released.dependencies] == [
+        ("succeeded", "second time"),
+        ("succeeded", None),
+    ]
 
 
 @pytest.mark.parametrize("mode", ["", "any", "Finished", None])

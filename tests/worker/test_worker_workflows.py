@@ -83,3 +83,27 @@ def test_a_finished_mode_callback_runs_once_after_all_three_and_sees_the_dead_on
     starts = [c for c in hook_calls(tmp_path) if c["hook"] == "on_start"]
     assert [c["job_id"] for c in starts].count(callback.id) == 1
     assert [c["job_id"] for c in starts].count(group[2].id) == 2
+
+
+def test_a_burst_worker_runs_a_pipeline_and_its_callback_to_the_end(
+    start_worker, queue: Queue
+) -> None:
+    # Each step is released by the write of the one before it, which a burst worker's
+    # claim running beside that write does not see: it must look once more before it
+    # concludes that nothing is left.
+    specs = [JobSpec("number", {"n": 1})]
+    specs += [JobSpec("total", depends_on=[BatchItem(i)]) for i in range(5)]
+    specs += [JobSpec("always_fails", max_attempts=1)]
+    specs += [
+        JobSpec("report", depends_on=[BatchItem(5), BatchItem(6)], dependency_mode="finished")
+    ]
+    jobs = [r.job for r in queue.enqueue_many(specs)]
+    worker = start_worker(*PLUGINS, "--burst", "--concurrency", "4")
+    assert worker.wait() == 0, worker.log()
+    ended = [queue.get(job.id) for job in jobs]
+    assert [job.state for job in ended] == [JobState.SUCCEEDED] * 6 + [
+        JobState.DEAD,
+        JobState.SUCCEEDED,
+    ]
+    assert ended[5].result == {"sum": 1, "ids": [jobs[4].id]}
+    assert [d["state"] for d in ended[7].result["dependencies"]] == ["succeeded", "dead"]

@@ -21,9 +21,11 @@ def always_fails(payload: dict[str, Any]) -> None:
 
 
 def total(payload: dict[str, Any], job: Job) -> dict[str, Any]:
-    """Sum the results of the jobs this one waited for, as a fan-in would."""
+    """Sum the results of the jobs this one waited for, as a fan-in would (a number, or
+    the sum of another total)."""
+    results = [dependency.result for dependency in job.dependencies]
     return {
-        "sum": sum(dependency.result for dependency in job.dependencies),
+        "sum": sum(r["sum"] if isinstance(r, dict) else r for r in results),
         "ids": [dependency.id for dependency in job.dependencies],
     }
 

@@ -949,6 +949,16 @@ waiting AS (
     INSERT INTO {schema}.dependents_to_check (job_id)
     SELECT id FROM requeued WHERE state = 'waiting'
 ),
+rewaited AS (
+    -- Its dependents in 'finished' mode that still wait counted it off when it ended:
+    -- they wait for it again, so that its next end is counted once. (Those released
+    -- already are not brought back.) Lower ids first, as every statement locks jobs.
+    UPDATE {schema}.active_jobs AS job
+    SET pending_dependencies = job.pending_dependencies + 1
+    FROM {schema}.job_dependencies AS link
+    WHERE link.depends_on = (SELECT id FROM requeued) AND link.finished_mode
+      AND job.id = link.job_id AND job.state = 'waiting'
+),
 counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, dead, cancelled)
     SELECT queue, {schema}.counter_slot(),
@@ -1762,10 +1772,14 @@ doomed AS (
     ORDER BY dependency.job_id, failed.id
 ),
 met AS (
+    -- With %(among)s, only the enqueue's own jobs that this cascade cancelled count:
+    -- its finished-mode jobs counted them as unmet (they were waiting), but not the
+    -- dependencies already dead or cancelled before it.
     SELECT dependency.job_id, count(*)::int AS jobs
     FROM {schema}.job_dependencies AS dependency
     JOIN failed ON failed.id = dependency.depends_on
-    WHERE (%(among)s::bigint[] IS NULL OR dependency.job_id = ANY(%(among)s::bigint[]))
+    WHERE (%(among)s::bigint[] IS NULL OR (dependency.job_id = ANY(%(among)s::bigint[])
+                                           AND failed.id = ANY(%(among)s::bigint[])))
       AND dependency.finished_mode
     GROUP BY dependency.job_id
 ),
