@@ -335,3 +335,46 @@ def test_a_retried_dependent_waits_again_and_a_failed_dependency_refuses_it(
         "errors": [{"field": "depends_on", "message": f"job {dependency['id']} ended dead"}],
     }
     assert _get(api, dependent["id"])["state"] == "cancelled"
+
+
+def test_dependency_mode_finished_on_a_job_and_a_batch_item_is_shown_and_released_by_a_death(
+    api: httpx.Client, queue: Queue
+) -> None:
+    doomed = _post(api, max_attempts=1)
+    callback = _post(api, depends_on=[doomed["id"]], dependency_mode="finished")
+    batch = api.post(
+        "/jobs/batch",
+        json={
+            "jobs": [
+                {"task": "other", "depends_on": [doomed["id"]]},
+                {"task": "other", "depends_on": [{"index": 0}], "dependency_mode": "finished"},
+            ]
+        },
+    )
+    assert batch.status_code == 201, batch.text
+    strict, batch_callback = (item["job"]["id"] for item in batch.json()["items"])
+    assert _get(api, callback["id"])["dependency_mode"] == "finished"
+    assert _get(api, batch_callback)["dependency_mode"] == "finished"
+    assert _get(api, strict)["dependency_mode"] == "succeeded"
+    assert _get(api, doomed["id"])["dependency_mode"] == "succeeded"
+
+    _run(queue, doomed["id"], succeed=False)
+    assert _get(api, callback["id"])["state"] == "queued"
+    assert _get(api, strict)["state"] == "cancelled"
+    assert _get(api, batch_callback)["state"] == "queued"
+
+
+@pytest.mark.parametrize("mode", ["any", "", 1, None])
+def test_an_unknown_dependency_mode_is_422_naming_the_field(
+    api: httpx.Client, queue: Queue, mode: Any
+) -> None:
+    answer = api.post("/jobs", json={"task": "echo", "dependency_mode": mode})
+    assert answer.status_code == 422, answer.text
+    [error] = answer.json()["errors"]
+    assert error["field"] == "dependency_mode"
+    assert "succeeded" in error["message"] and "finished" in error["message"]
+    answer = api.post("/jobs/batch", json={"jobs": [{"task": "echo", "dependency_mode": mode}]})
+    assert answer.status_code == 422, answer.text
+    [error] = answer.json()["errors"]
+    assert error["field"] == "jobs[0].dependency_mode"
+    assert _job_count(queue) == 0

@@ -140,3 +140,15 @@ def test_an_unreachable_database_is_database_unavailable() -> None:
                 await producer.enqueue("t", {})
 
         run_with_producer(queue, body)
+
+
+def test_dependency_mode_goes_through_the_async_producer(queue: Queue) -> None:
+    first = queue.enqueue("t", {"n": 1})
+
+    async def body(producer: AsyncProducer) -> Any:
+        return await producer.enqueue("t", depends_on=[first.job.id], dependency_mode="finished")
+
+    callback = run_with_producer(queue, body)
+    assert queue.dependencies(callback.job.id).dependency_mode == "finished"
+    queue.cancel(first.job.id)
+    assert queue.get(callback.job.id).state is JobState.QUEUED

@@ -129,3 +129,22 @@ def test_retry_of_a_dependent_says_it_waits_or_names_what_failed(
     assert retried.returncode == 0, retried.stderr
     assert retried.stdout.strip() == f"job {dependent.id} waiting again for its dependencies"
     assert queue.get(dependent.id).state.value == "waiting"
+
+
+def test_dependency_mode_finished_on_the_command_line(
+    database_url: str, schema: str, queue: Queue
+) -> None:
+    db = ["--database-url", database_url, "--schema", schema]
+    doomed = queue.enqueue("build").job
+    out = _run(
+        "enqueue", "report", "--depends-on", str(doomed.id), "--dependency-mode", "finished", *db
+    )
+    callback = _json(out)["job"]
+    assert callback["state"] == "waiting"
+    assert _json(_run("job", str(callback["id"]), *db))["dependency_mode"] == "finished"
+    queue.cancel(doomed.id)
+    assert _json(_run("job", str(callback["id"]), *db))["state"] == "queued"
+
+    wrong = _run("enqueue", "report", "--dependency-mode", "any", *db)
+    assert wrong.returncode == 2
+    assert "--dependency-mode" in wrong.stderr and "Traceback" not in wrong.stderr

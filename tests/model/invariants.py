@@ -60,7 +60,8 @@ class Invariants:
     @invariant()
     def nothing_runs_before_its_dependencies_succeeded(self) -> None:
         """No queued or running job has a dependency that has not succeeded (a pruned
-        dependency counts as what it ended as)."""
+        dependency counts as what it ended as), in the default mode (see
+        rules_dependency_modes.py for "finished")."""
         STATISTICS.invariant_checks += 1
         rows = self.execute(
             sql.SQL(
@@ -68,7 +69,7 @@ class Invariants:
                 "FROM {active} AS job "
                 "JOIN {dependencies} AS dependency ON dependency.job_id = job.id "
                 "LEFT JOIN {jobs} AS ended ON ended.id = dependency.depends_on "
-                "WHERE job.state IN ('queued', 'running')"
+                "WHERE job.state IN ('queued', 'running') AND NOT dependency.finished_mode"
             ).format(
                 active=self.table("active_jobs"),
                 dependencies=self.table("job_dependencies"),
@@ -107,7 +108,7 @@ class Invariants:
                 "SELECT job.id, job.started_at, dependency.id, dependency.finished_at "
                 "FROM {edges} AS edge JOIN {jobs} AS job ON job.id = edge.job_id "
                 "JOIN {jobs} AS dependency ON dependency.id = edge.depends_on "
-                "WHERE job.started_at IS NOT NULL"
+                "WHERE job.started_at IS NOT NULL AND NOT edge.finished_mode"
             ).format(edges=self.table("job_dependencies"), jobs=self.table("jobs"))
         )
         for job_id, started_at, dependency, finished_at in pairs:

@@ -60,6 +60,9 @@ class ModelJob:
     """Moved back to a day that has no partition: its row is in the DEFAULT one."""
     shifted: bool = False
     """Its started_at was moved back with its history, until it is claimed again."""
+    finished_mode: bool = False
+    """Enqueued with dependency_mode="finished": it waits for its dependencies to be
+    final in any state, and is never cancelled by them."""
 
 
 @dataclass
@@ -115,6 +118,9 @@ class QueueModel:
     """(state, days back) of the past day partitions that exist."""
     expiries: int = 0
     """Leases expired so far."""
+    revived: set[int] = field(default_factory=set)
+    """Jobs retried at least once: a dependent in "finished" mode released before such
+    a retry may run beside its dependency's new attempt."""
 
     # -- queries ------------------------------------------------------------------
 
@@ -186,8 +192,10 @@ class QueueModel:
         return job.state if job is not None else self.pruned_states[job_id]
 
     def unmet(self, job_id: int) -> set[int]:
-        """The dependencies of ``job_id`` that have not succeeded."""
-        return {d for d, j in self.edges if j == job_id and self.state_of(d) != "succeeded"}
+        """The dependencies of ``job_id`` that have not succeeded (in "finished" mode:
+        that are not final)."""
+        met = FINISHED if self.jobs[job_id].finished_mode else ("succeeded",)
+        return {d for d, j in self.edges if j == job_id and self.state_of(d) not in met}
 
     def counts(self, queue: str) -> dict[str, int]:
         """Jobs per state in ``queue``."""
@@ -197,9 +205,11 @@ class QueueModel:
                 counts[job.state] += 1
         return counts
 
-    def expected_state(self, depends_on: set[int]) -> str:
+    def expected_state(self, depends_on: set[int], finished_mode: bool = False) -> str:
         """The state a job created now with ``depends_on`` starts in."""
         states = {self.jobs[d].state for d in depends_on}
+        if finished_mode:
+            return "waiting" if states - set(FINISHED) else "queued"
         if states & {"dead", "cancelled"}:
             return "cancelled"
         return "waiting" if states - {"succeeded"} else "queued"
@@ -220,7 +230,10 @@ class QueueModel:
         return ("waiting",)
 
     def failed_dependencies(self, job_id: int) -> set[int]:
-        """The dependencies of ``job_id`` that ended dead or cancelled."""
+        """The dependencies of ``job_id`` that ended dead or cancelled (none count in
+        "finished" mode, where an end in any state is met)."""
+        if self.jobs[job_id].finished_mode:
+            return set()
         return {d for d in self.unmet(job_id) if self.state_of(d) in ("dead", "cancelled")}
 
     def removed_by_retention(
@@ -257,10 +270,10 @@ class QueueModel:
         ones that have not succeeded, cancelled at once if one is dead or cancelled."""
         self.jobs[job.id] = job
         self.edges |= {(dependency, job.id) for dependency in depends_on}
-        job.pending = {d for d in depends_on if self.jobs[d].state != "succeeded"}
+        job.pending = self.unmet(job.id)
         job.state = "waiting" if job.pending else "queued"
         failed = sorted(d for d in depends_on if self.jobs[d].state in ("dead", "cancelled"))
-        if failed:
+        if failed and not job.finished_mode:
             self._cancel_dependents(failed)
 
     def _cancel_dependents(self, ended: list[int]) -> None:
@@ -272,7 +285,10 @@ class QueueModel:
             doomed: dict[int, int] = {}
             for dependency, dependent in sorted(self.edges):
                 if dependency in level and self.jobs[dependent].state == "waiting":
-                    doomed.setdefault(dependent, dependency)
+                    if self.jobs[dependent].finished_mode:
+                        self._counted_off(dependent, dependency)
+                    else:
+                        doomed.setdefault(dependent, dependency)
             for dependent, dependency in doomed.items():
                 job = self.jobs[dependent]
                 job.state, job.pending = "cancelled", set()
@@ -282,11 +298,15 @@ class QueueModel:
     def _released(self, dependency: int) -> None:
         """``dependency`` succeeded: its waiting dependents count it off."""
         for d, dependent in self.edges:
-            job = self.jobs[dependent]
-            if d == dependency and job.state == "waiting":
-                job.pending.discard(dependency)
-                if not job.pending:
-                    job.state = "queued"
+            if d == dependency and self.jobs[dependent].state == "waiting":
+                self._counted_off(dependent, dependency)
+
+    def _counted_off(self, dependent: int, dependency: int) -> None:
+        """The waiting ``dependent`` has ``dependency`` met: queued once none is left."""
+        job = self.jobs[dependent]
+        job.pending.discard(dependency)
+        if not job.pending:
+            job.state = "queued"
 
     def claimed(self, worker: str | None, claimed: Any) -> None:
         """``claimed``: the Job a claim returned to ``worker`` (None: a claim that
@@ -343,6 +363,13 @@ class QueueModel:
         job.attempts, job.run_at, job.delayed = 0, run_at, False
         job.age, job.in_default, job.reason = 0, False, None
         job.state, job.pending = state, set()
+        self.revived.add(job_id)
+        # Its dependents in "finished" mode that still wait counted it off when it
+        # ended: they wait for it again.
+        for d, dependent in self.edges:
+            waiting = self.jobs[dependent]
+            if d == job_id and waiting.finished_mode and waiting.state == "waiting":
+                waiting.pending.add(job_id)
         if state == "waiting":
             job.pending = self.unmet(job_id)
         elif state == "cancelled":

@@ -226,12 +226,13 @@ class WorkingRules:
             )
 
     def _check_dependencies_succeeded(self, ids: list[int], model: QueueModel) -> None:
-        """Nothing is claimed whose dependencies have not all succeeded."""
+        """Nothing is claimed whose dependencies have not all succeeded (in the default
+        mode; see rules_dependency_modes.py for "finished")."""
         rows = self.execute(
             sql.SQL(
                 "SELECT dependency.job_id, dependency.depends_on, job.state::text FROM {} "
                 "AS dependency LEFT JOIN {} AS job ON job.id = dependency.depends_on "
-                "WHERE dependency.job_id = ANY(%s)"
+                "WHERE dependency.job_id = ANY(%s) AND NOT dependency.finished_mode"
             ).format(self.table("job_dependencies"), self.table("jobs")),
             (ids,),
         )

@@ -20,7 +20,9 @@ Hypothesis drives pgqueue's core on real PostgreSQL through sequences of:
   dependencies met or not), pausing and resuming queues, concurrency and rate limits,
   pruning by hand and by retention across the history's day and DEFAULT partitions, and
   reading jobs back (rules_operating.py);
-- schedules declared, switched and ticked (rules_schedules.py).
+- schedules declared, switched and ticked (rules_schedules.py);
+- callbacks in dependency_mode="finished" over jobs in any state and over groups of a
+  batch, some of which die (rules_dependency_modes.py).
 
 After every step the whole database is compared with the model (queue_model.py; see
 invariants.py): each job's state, attempts, lease and its expiry, the reason of a
@@ -55,6 +57,7 @@ from invariants import Invariants
 from machine import APPLICATION_TABLE, CALLER_TABLE, STATISTICS, MachineBase
 from model_results import write_model_results
 from psycopg import sql
+from rules_dependency_modes import DependencyModeRules
 from rules_effects import EffectsRules
 from rules_operating import OperatingRules
 from rules_producing import ProducingRules
@@ -70,6 +73,7 @@ class QueueMachine(
     EffectsRules,
     OperatingRules,
     ScheduleRules,
+    DependencyModeRules,
     Invariants,
     MachineBase,
 ):

@@ -78,6 +78,12 @@ class JobDetail(Job):
     dependents: list[int] = Field(
         description="Ids of the jobs that wait (or waited) for it, ascending."
     )
+    dependency_mode: str = Field(
+        description=(
+            "What it waits for in `depends_on`: `succeeded` (each must succeed) or "
+            "`finished` (each must be final, in any state); `succeeded` without dependencies."
+        )
+    )
 
 
 JOB_FIELDS = tuple(Job.model_fields)
@@ -96,6 +102,7 @@ def job_detail_body(job: StoredJob, dependencies: JobDependencies) -> dict[str, 
         **job_body(job),
         "depends_on": dependencies.depends_on,
         "dependents": dependencies.dependents,
+        "dependency_mode": dependencies.dependency_mode,
     }
 
 

@@ -147,6 +147,7 @@ def job_spec(job: JobCreate | BatchJobCreate) -> JobSpec:
             BatchItem(item.index) if isinstance(item, EarlierItem) else item
             for item in job.depends_on
         ],
+        dependency_mode=job.dependency_mode,
     )
 
 

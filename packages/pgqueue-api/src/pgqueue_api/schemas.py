@@ -11,7 +11,7 @@ checked by ``pgqueue.JobSpec`` and answered with 422 naming the field all the sa
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AwareDatetime,
@@ -147,6 +147,16 @@ class _JobFields(RequestBody):
         return value
 
 
+DependencyMode = Literal["succeeded", "finished"]
+_DEPENDENCY_MODE = (
+    "What `depends_on` waits for: `succeeded` (the default: each must succeed, and one "
+    "that ends dead or cancelled cancels this job) or `finished` (each must be final in "
+    "any state, succeeded, dead or cancelled; this job then runs, and is never cancelled "
+    "by them: a callback for a group). Its handler finds their states and results in "
+    "`job.dependencies`."
+)
+
+
 class JobCreate(_JobFields):
     """A job to enqueue."""
 
@@ -160,6 +170,7 @@ class JobCreate(_JobFields):
             "are refused with 422 naming them, and nothing is enqueued."
         ),
     )
+    dependency_mode: DependencyMode = Field(default="succeeded", description=_DEPENDENCY_MODE)
 
 
 class JobFilter(RequestBody):
@@ -242,6 +253,7 @@ class BatchJobCreate(_JobFields):
             "and nothing is enqueued."
         ),
     )
+    dependency_mode: DependencyMode = Field(default="succeeded", description=_DEPENDENCY_MODE)
 
 
 class JobBatchCreate(RequestBody):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import psycopg
 import psycopg.errors
 
-from pgqueue import effects, jsonb, queries, validation
+from pgqueue import dependencies, effects, jsonb, queries, validation
 from pgqueue.effects import AttemptOwner, ConnectionLender
 from pgqueue.errors import ValidationError, error_line
 from pgqueue.job import Job, JobState, Lease
@@ -27,6 +27,8 @@ from pgqueue.settings import DEFAULT_LEASE_SECONDS
 CLAIM_MODES = tuple(queries.CLAIM_LOCKS)
 
 log = logging.getLogger("pgqueue.claims")
+_HAS_DEPENDENCIES = "_has_dependencies"
+"""Set in a claimed job's dict (not a field) until its dependencies are read."""
 
 
 class Waiter(NamedTuple):
@@ -136,7 +138,37 @@ class ClaimMethods(QueueBase):
                 log.warning(
                     "claim: the second claim, for queues with settings, failed: %s", error_line(exc)
                 )
-        return self._refuse_undecodable(claimed)
+        return self._refuse_undecodable(self._with_dependencies(claimed))
+
+    def _with_dependencies(self, claimed: list[Job]) -> list[Job]:
+        """``claimed`` with :attr:`Job.dependencies` set on the jobs enqueued with
+        ``depends_on``: one statement for them all, and none for a claim of jobs that
+        have none, the common case (the claim says which have some).
+
+        Never raises: the jobs whose dependencies could not be read are not returned;
+        their attempt fails at once with the reason (as an undecodable payload's does,
+        see :meth:`_refuse_undecodable`), so that a handler never runs without them."""
+        waited = [job for job in claimed if job.__dict__.pop(_HAS_DEPENDENCIES, False)]
+        if not waited:
+            return claimed
+        try:
+            with self._connection() as conn:
+                found = dependencies.dependencies_of_many(
+                    jsonb.cursor(conn), self.schema, [job.id for job in waited]
+                )
+        except Exception as exc:
+            log.warning(
+                "claim: could not read the dependencies of jobs %s; their attempts fail: %s",
+                ", ".join(str(job.id) for job in waited),
+                error_line(exc),
+            )
+            reason = f"pgqueue could not read this job's dependencies: {error_line(exc)}"
+            self._unwritten_refusals += [(job, reason) for job in waited]
+            unread = {job.id for job in waited}
+            return [job for job in claimed if job.id not in unread]
+        for job in waited:
+            job.attach_dependencies(found.get(job.id, ()))
+        return claimed
 
     def _claim_once(self, params: dict[str, Any], mode: str) -> list[Job]:
         with self._connection() as conn:
@@ -327,4 +359,11 @@ def _claimed_jobs(
     position = columns.index("payload")
     payloads = jsonb.load_json_texts([row[position] for row in rows])
     jobs = Job.from_tuples(columns, rows, shared, payloads=payloads)
+    # Marked for _with_dependencies: the jobs enqueued with depends_on (the claim
+    # returns their pending_dependencies, NULL for the others, after Job's fields).
+    if "pending_dependencies" in columns:
+        waited = columns.index("pending_dependencies")
+        for job, row in zip(jobs, rows, strict=True):
+            if row[waited] is not None:
+                job.__dict__[_HAS_DEPENDENCIES] = True
     return sorted(jobs, key=lambda j: (-j.priority, j.run_at, j.id)), settings

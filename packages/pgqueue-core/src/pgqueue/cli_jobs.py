@@ -22,6 +22,7 @@ from pgqueue.cli import (
     open_queue,
     parse_duration,
 )
+from pgqueue.dependencies import DEPENDENCY_MODES
 from pgqueue.job import FINISHED_STATES, Job, JobState
 from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
@@ -93,6 +94,13 @@ def _exit_as_waited(job: Job, waited: float) -> None:
     metavar="JOB_ID",
     help="Wait until this job has succeeded (repeatable); cancelled if it ends dead or cancelled.",
 )
+@click.option(
+    "--dependency-mode",
+    type=click.Choice(DEPENDENCY_MODES),
+    default="succeeded",
+    show_default=True,
+    help="finished: wait until every --depends-on job is final in any state, never cancelled.",
+)
 @wait_option("the job")
 @database_options
 def enqueue(
@@ -106,7 +114,8 @@ def enqueue(
     """Enqueue one TASK and print the job as JSON.
 
     With --depends-on, the job is waiting until those jobs have succeeded (queued at
-    once if they already have). With --wait, the job is printed once it is final (its
+    once if they already have); with --dependency-mode finished, until they are all
+    final, whatever their state. With --wait, the job is printed once it is final (its
     result in "result"), and the exit status is 0 only if it succeeded: a shell script
     can run a job and check it."""
     try:
@@ -211,6 +220,7 @@ def show_job(
             **job.to_dict(),
             "depends_on": dependencies.depends_on,
             "dependents": dependencies.dependents,
+            "dependency_mode": dependencies.dependency_mode,
         }
     )
     if wait_seconds is not None:

@@ -16,6 +16,18 @@ them ended dead or cancelled the retry is refused
 again. Retry them first; retrying a dead dependency does not bring back the dependents
 it cancelled, which are retried one by one in turn.
 
+With ``dependency_mode="finished"`` a job waits for its dependencies to be **final in
+any state** (succeeded, dead or cancelled) instead: a dependency that ends dead or
+cancelled counts as met, as an ack does, and never cancels it. It is a callback for a
+group (a chord, a batch callback). A retry of such a job waits again for those of its
+dependencies that are not final, and is never refused by them.
+
+A running job finds what it waited for in ``job.dependencies``
+(:class:`Dependency`: id, task, state, result), in the order ``depends_on`` named them,
+loaded by the worker with the claim (one more statement for a claim that took jobs with
+dependencies, none for one that took none). A dependency pruned since is still there,
+with ``pruned`` set and no task or result (see :class:`Dependency`).
+
 In a batch (``enqueue_many``, ``POST /jobs/batch``) an item may depend on an earlier
 item of the same batch by its position: ``BatchItem(0)`` in Python, ``{"index": 0}``
 over HTTP.
@@ -90,6 +102,29 @@ MAX_DEPENDENCIES = 10_000
 itself waits for a share of them."""
 FAILED_STATES = ("dead", "cancelled")
 """The states of a dependency that will not succeed (unless retried)."""
+FINAL_STATES = ("succeeded", *FAILED_STATES)
+DEPENDENCY_MODES = ("succeeded", "finished")
+"""What ``depends_on`` waits for: each dependency to succeed (the default), or to be
+final in any state."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Dependency:
+    """A job that a running job depended on, as its claim found it (``job.dependencies``)."""
+
+    id: int
+    task: str | None
+    """None when it was pruned."""
+    state: str
+    """``succeeded``, ``dead`` or ``cancelled`` (or ``waiting``, ``queued``, ``running``
+    for one retried since it was counted). For a dependency that was pruned:
+    ``succeeded`` when the job waited in ``"succeeded"`` mode (nothing else released
+    it), and ``pruned`` in ``"finished"`` mode, where it may have ended in any state."""
+    result: Any
+    """What its handler returned, when it succeeded and was not pruned; None otherwise."""
+    pruned: bool = False
+    """True when its row is gone (see :mod:`pgqueue.pruning`): its task and result are
+    lost, and its state is known only as :attr:`state` says."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -107,6 +142,8 @@ class JobDependencies(NamedTuple):
     """The jobs it waits (or waited) for."""
     dependents: list[int]
     """The jobs that wait (or waited) for it."""
+    dependency_mode: str = "succeeded"
+    """What it waits for in ``depends_on``: see :data:`DEPENDENCY_MODES`."""
 
 
 def has_dependencies(spec: JobSpec) -> bool:
@@ -163,6 +200,7 @@ def insert_with_dependencies(
     results: list[EnqueueResult] = []
     conflicts: list[IdempotencyMismatch] = []
     links: dict[int, list[int]] = {}  # each job created with dependencies: their ids
+    finishing: set[int] = set()  # those of them in "finished" mode
     waiting: list[int] = []
     failed: dict[int, str] = {}
     for start, group in _groups(specs):
@@ -172,14 +210,19 @@ def insert_with_dependencies(
                 if isinstance(dependency, BatchItem):
                     job = results[dependency.index].job
                     states[job.id] = job.state.value
-            ids = sorted({_resolve(dependency, results) for dependency in spec.dependencies})
-            unmet = [i for i in ids if states[i] != JobState.SUCCEEDED.value]
+            # In the order given (a batch item and its job's id may both be named).
+            ids = list(dict.fromkeys(_resolve(d, results) for d in spec.dependencies))
+            finished_mode = spec.dependency_mode == "finished"
+            met = FINAL_STATES if finished_mode else (JobState.SUCCEEDED.value,)
+            unmet = [i for i in ids if states[i] not in met]
             done, mismatches = keyed.insert_keyed(
                 cur, schema, [spec], trace_context, pending_dependencies=[len(unmet)]
             )
             result = done[0]
             if result.created:
                 links[result.job.id] = ids
+                if finished_mode:
+                    finishing.add(result.job.id)
                 if result.job.state is JobState.WAITING:
                     waiting.append(result.job.id)
                 failed.update((i, states[i]) for i in unmet if states[i] in FAILED_STATES)
@@ -192,18 +235,28 @@ def insert_with_dependencies(
     if conflicts:
         return results, conflicts
     if links:
-        pairs = [(dependency, job_id) for job_id, ids in links.items() for dependency in ids]
+        pairs = [
+            (dependency, job_id, position)
+            for job_id, ids in links.items()
+            for position, dependency in enumerate(ids)
+        ]
         cur.execute(
             queries.bind("job_dependencies_insert", schema),
             {
-                "depends_on": [dependency for dependency, _ in pairs],
-                "job_ids": [job_id for _, job_id in pairs],
+                "depends_on": [dependency for dependency, _, _ in pairs],
+                "job_ids": [job_id for _, job_id, _ in pairs],
+                "positions": [position for _, _, position in pairs],
+                "finished_modes": [job_id in finishing for _, job_id, _ in pairs],
                 "waiting": waiting,
             },
         )
     # A job whose dependency already ended dead or cancelled is cancelled at once, and
     # so are the items of the batch that wait for it.
-    changed = cancel_dependents(cur, schema, sorted(failed.items()), among=list(links))
+    counted: list[Job] = []
+    changed = cancel_dependents(
+        cur, schema, sorted(failed.items()), among=list(links), released=counted
+    )
+    changed += counted
     if check_now and waiting:
         changed += checked_now(cur, schema)
     return _updated(results, changed), []
@@ -281,12 +334,16 @@ def cancel_dependents(
     failed: Sequence[tuple[int, str]],
     *,
     among: Sequence[int] | None = None,
+    released: list[Job] | None = None,
 ) -> list[Job]:
     """Cancel the waiting jobs that depend on ``failed`` ((id, state) of jobs that
     ended dead or cancelled), and theirs in turn, in ``cur``'s transaction: the jobs
     cancelled, nearest first. With ``among``, only those of these jobs: an enqueue's
     own, which are marked as having dependents only as their transaction commits, so
-    each level goes on from all of them."""
+    each level goes on from all of them.
+
+    Dependents in ``"finished"`` mode are not cancelled but counted down, and queued
+    when none is left; those that changed so are appended to ``released``."""
     cancelled: list[Job] = []
     level = list(failed)
     while level:
@@ -298,7 +355,10 @@ def cancel_dependents(
                 "among": None if among is None else list(among),
             },
         )
-        rows: list[dict[str, Any]] = cur.fetchall()
+        found: list[dict[str, Any]] = cur.fetchall()
+        rows = [row for row in found if not row["released"]]
+        if released is not None:
+            released += [Job.from_row(row) for row in found if row["released"]]
         jobs = [Job.from_row(row) for row in rows]
         cancelled += jobs
         level = [
@@ -322,4 +382,23 @@ def dependencies_of(
     """Both directions of ``job_id``'s dependencies."""
     cur.execute(queries.bind("job_dependencies_get", schema), {"id": job_id})
     row = queries.one_row(cur)
-    return JobDependencies(list(row["depends_on"]), list(row["dependents"]))
+    mode = "finished" if row["finished_mode"] else "succeeded"
+    return JobDependencies(list(row["depends_on"]), list(row["dependents"]), mode)
+
+
+def dependencies_of_many(
+    cur: psycopg.Cursor[dict[str, Any]], schema: str, job_ids: Sequence[int]
+) -> dict[int, tuple[Dependency, ...]]:
+    """What each of ``job_ids`` depended on, in the order of its ``depends_on``: one
+    statement for them all. A job with no dependencies is left out."""
+    cur.execute(queries.bind("job_dependencies_of_many", schema), {"ids": list(job_ids)})
+    found: dict[int, list[Dependency]] = {}
+    for row in cur.fetchall():
+        if row["state"] is None:
+            # Pruned. In "succeeded" mode only its success could have released the job.
+            state = "pruned" if row["finished_mode"] else JobState.SUCCEEDED.value
+            dependency = Dependency(row["id"], None, state, None, pruned=True)
+        else:
+            dependency = Dependency(row["id"], row["task"], row["state"], row["result"])
+        found.setdefault(row["job_id"], []).append(dependency)
+    return {job_id: tuple(each) for job_id, each in found.items()}

@@ -10,9 +10,12 @@ from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, fields
 from datetime import datetime
 from operator import itemgetter
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
 import psycopg
+
+if TYPE_CHECKING:
+    from pgqueue.dependencies import Dependency
 
 
 class JobState(enum.StrEnum):
@@ -125,14 +128,17 @@ class Job:
         shared = dict(shared or {})
         names = tuple(name for name in _JOB_FIELDS if name not in shared)
         values_of: Callable[[Sequence[Any]], Iterable[Any]]
-        if tuple(columns) == names:
+        # Columns after the fields (a claim's pending_dependencies) are left out by zip,
+        # which stops at the last name.
+        extra = len(columns) > len(names)
+        if tuple(columns[: len(names)]) == names:
             values_of = iter
         else:
             values_of = itemgetter(*[list(columns).index(name) for name in names])
         jobs = []
         loaded = iter(()) if payloads is None else iter(payloads)
         for row in rows:
-            values = dict(zip(names, values_of(row), strict=True))
+            values = dict(zip(names, values_of(row), strict=not extra))
             values.update(shared)
             if payloads is not None:
                 values["payload"] = next(loaded)
@@ -230,7 +236,11 @@ class Job:
         cancellation event) stays with the original, so that a job can still be handed
         to a process pool or deep-copied; on a copy, ``complete``, ``fence``,
         ``effect_key`` and ``transaction`` raise :class:`~pgqueue.errors.NotAnAttempt`."""
-        return {name: self.__dict__[name] for name in _JOB_FIELDS}
+        state = {name: self.__dict__[name] for name in _JOB_FIELDS}
+        # What it waited for is data of the row's, not of the attempt: it goes along.
+        if "_dependencies" in self.__dict__:
+            state["_dependencies"] = self.__dict__["_dependencies"]
+        return state
 
     # -- effects: completing in the caller's transaction ------------------------------
     # Only for the running attempt a claim handed out (a worker, WorkerProtocol.claim,
@@ -340,6 +350,25 @@ class Job:
         from pgqueue import effects
 
         return effects.atransaction(self)
+
+    # -- what it waited for -----------------------------------------------------------
+    # Not a column nor a dataclass field, like the above: set by the worker's claim on
+    # the jobs enqueued with depends_on, and only on them.
+
+    @property
+    def dependencies(self) -> tuple[Dependency, ...]:
+        """The jobs this one waited for (``depends_on``), in the order it named them,
+        each with its id, task, state and result as the claim that handed this job to
+        its worker found them: a fan-in sums its parents' results from here, without a
+        query of its own. Empty for a job without dependencies, and for one that no
+        worker claimed (read them with ``Queue.dependencies``). See
+        :mod:`pgqueue.dependencies`, also for those pruned since."""
+        found: tuple[Dependency, ...] = self.__dict__.get("_dependencies", ())
+        return found
+
+    def attach_dependencies(self, dependencies: Sequence[Dependency]) -> None:
+        """Set :attr:`dependencies`: the claim does, before any handler sees the job."""
+        self.__dict__["_dependencies"] = tuple(dependencies)
 
     def to_dict(self) -> dict[str, Any]:
         """The job as plain JSON-friendly values (ISO timestamps, string token)."""

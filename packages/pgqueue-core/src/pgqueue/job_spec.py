@@ -8,7 +8,7 @@ from datetime import datetime
 from typing import Any
 
 from pgqueue import jsonb, validation
-from pgqueue.dependencies import BatchItem, checked
+from pgqueue.dependencies import DEPENDENCY_MODES, BatchItem, checked
 from pgqueue.errors import ValidationError
 from pgqueue.job import Job, JobState
 from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
@@ -48,6 +48,10 @@ class JobSpec:
     depends_on: Sequence[int | BatchItem] = ()
     """Jobs that must succeed before this one is queued: ids, or earlier items of the
     same ``enqueue_many`` call (see :mod:`pgqueue.dependencies`)."""
+    dependency_mode: str = "succeeded"
+    """What ``depends_on`` waits for: ``"succeeded"`` (each must succeed; one that ends
+    dead or cancelled cancels this job) or ``"finished"`` (each must be final, in any
+    state; this job runs whatever they ended as)."""
     payload_text: str = field(init=False, repr=False, compare=False)
     """The payload as the JSON text that is stored (validated and measured once)."""
     dependencies: tuple[int | BatchItem, ...] = field(init=False, repr=False, compare=False)
@@ -66,6 +70,7 @@ class JobSpec:
         timeout_seconds: float | None = None,
         unique_key: str | None = None,
         depends_on: Sequence[int | BatchItem] = (),
+        dependency_mode: str = "succeeded",
     ) -> None:
         """Check every field; raises :class:`~pgqueue.errors.ValidationError` naming the
         first one that is wrong."""
@@ -87,6 +92,10 @@ class JobSpec:
             validation.unique_key(unique_key)
         if timeout_seconds is not None:
             validation.seconds("timeout_seconds", timeout_seconds, positive=True)
+        if dependency_mode not in DEPENDENCY_MODES:
+            raise ValidationError(
+                "dependency_mode", f"must be one of {', '.join(map(repr, DEPENDENCY_MODES))}"
+            )
         # Written by hand, to fill the instance's dict in one update: the frozen
         # dataclass's generated __init__ sets each field through object.__setattr__,
         # one call per field, and large enqueues build thousands of specs.
@@ -104,6 +113,7 @@ class JobSpec:
             timeout_seconds=timeout_seconds,
             unique_key=unique_key,
             depends_on=depends_on,
+            dependency_mode=dependency_mode,
             payload_text=validation.payload(payload),
             dependencies=checked(depends_on) if depends_on else (),
         )

@@ -40,6 +40,7 @@ class ProducerMethods(QueueBase):
         unique_key: str | None = None,
         depends_on: Sequence[int] = (),
         conn: psycopg.Connection | None = None,
+        dependency_mode: str = "succeeded",
     ) -> EnqueueResult:
         """Add one job; with an ``idempotency_key`` already in the table, return that job
         (``created=False``) if it has the same task, queue and payload, and raise
@@ -51,7 +52,11 @@ class ProducerMethods(QueueBase):
 
         With ``depends_on`` (job ids), the job waits until those jobs have succeeded, and
         is cancelled if one ends dead or cancelled (see :mod:`pgqueue.dependencies`);
-        ids that are no job raise :class:`~pgqueue.errors.UnknownDependencies`.
+        ids that are no job raise :class:`~pgqueue.errors.UnknownDependencies`. With
+        ``dependency_mode="finished"`` it waits until they are all final in any state
+        (succeeded, dead or cancelled) and is never cancelled by them: a callback for a
+        group. Its handler finds them, with their states and results, in
+        ``job.dependencies``.
 
         Pass ``conn`` to enqueue inside your own transaction: the job then commits or
         rolls back with your writes, and workers are woken when you commit.
@@ -68,6 +73,7 @@ class ProducerMethods(QueueBase):
             timeout_seconds=timeout_seconds,
             unique_key=unique_key,
             depends_on=depends_on,
+            dependency_mode=dependency_mode,
         )
         return self.enqueue_spec(spec, conn=conn)
 

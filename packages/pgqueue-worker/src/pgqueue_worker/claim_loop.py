@@ -49,6 +49,10 @@ class ClaimLoop:
 
     def __init__(self, worker: Worker, health: DatabaseHealth) -> None:
         self._burst = worker.burst
+        # Outcomes handed to the writer since a claim last looked: their acks, deaths
+        # and cancels may have released jobs waiting for them (see
+        # pgqueue.dependencies), which a claim that ran beside the write did not see.
+        self._written_unseen = False
         self._give_up_after = worker.give_up_after
         self._shutdown_timeout = worker.shutdown_timeout
         self._counts = worker.counts
@@ -138,8 +142,12 @@ class ClaimLoop:
                 and not in_flight.pending
                 and self._reaped_before_exit()
             ):
-                log.info("burst: no runnable job left for this worker; exiting")
-                return True
+                if not self._written_unseen:
+                    log.info("burst: no runnable job left for this worker; exiting")
+                    return True
+                # Every outcome is written now: one more claim sees what they released.
+                self._written_unseen = False
+                claim_policy.look_again()
 
             self._write_and_claim(claimer, writer, now)
             handover.wake.wait(self._sleep_seconds(time.monotonic(), stop_deadline))
@@ -252,6 +260,7 @@ class ClaimLoop:
             acks, outcomes = outcomes, []
         if outcomes:
             writer.submit(outcomes)
+            self._written_unseen = True
         if claim is not None:
             kind, limit = claim
             claimer.request(limit, kind.tasks, acks)

@@ -345,7 +345,11 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
 RETURNING job.id, job.queue, job.task, job.payload::text AS payload, job.priority,
           job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
           job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.errors,
-          job.result, job.idempotency_key, job.trace_context, job.unique_key
+          job.result, job.idempotency_key, job.trace_context, job.unique_key,
+          -- Not a field of Job, after them: NULL for a job enqueued without
+          -- dependencies, so the worker reads the dependencies of the others alone
+          -- (job_dependencies_of_many).
+          job.pending_dependencies
 ),
 no_longer_waiting AS (
     DELETE FROM {schema}.queue_waiters
@@ -542,7 +546,11 @@ WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
 RETURNING job.id, job.queue, job.task, job.payload::text AS payload, job.priority,
           job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
           job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.errors,
-          job.result, job.idempotency_key, job.trace_context, job.unique_key
+          job.result, job.idempotency_key, job.trace_context, job.unique_key,
+          -- Not a field of Job, after them: NULL for a job enqueued without
+          -- dependencies, so the worker reads the dependencies of the others alone
+          -- (job_dependencies_of_many).
+          job.pending_dependencies
 ),
 no_longer_waiting AS (
     DELETE FROM {schema}.queue_waiters
@@ -1019,6 +1027,16 @@ requeued AS (
 waiting AS (
     INSERT INTO {schema}.dependents_to_check (job_id)
     SELECT id FROM requeued WHERE state = 'waiting'
+),
+rewaited AS (
+    -- Its dependents in 'finished' mode that still wait counted it off when it ended:
+    -- they wait for it again, so that its next end is counted once. (Those released
+    -- already are not brought back.) Lower ids first, as every statement locks jobs.
+    UPDATE {schema}.active_jobs AS job
+    SET pending_dependencies = job.pending_dependencies + 1
+    FROM {schema}.job_dependencies AS link
+    WHERE link.depends_on = (SELECT id FROM requeued) AND link.finished_mode
+      AND job.id = link.job_id AND job.state = 'waiting'
 ),
 counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, dead, cancelled)
@@ -1816,13 +1834,15 @@ LEFT JOIN LATERAL (
 ) AS finished ON true;
 
 -- name: job_dependencies_insert
--- The dependencies of jobs just inserted: one row per (job, dependency) pair; and the
--- %(waiting)s jobs among them, for their transaction to check as it commits (see
--- dependents_checked in schema.sql).
+-- The dependencies of jobs just inserted: one row per (job, dependency) pair, with its
+-- place in depends_on and the job's mode; and the %(waiting)s jobs among them, for
+-- their transaction to check as it commits (see dependents_checked in schema.sql).
 WITH linked AS (
-    INSERT INTO {schema}.job_dependencies (depends_on, job_id)
-    SELECT depends_on, job_id
-    FROM unnest(%(depends_on)s::bigint[], %(job_ids)s::bigint[]) AS pair (depends_on, job_id)
+    INSERT INTO {schema}.job_dependencies (depends_on, job_id, position, finished_mode)
+    SELECT depends_on, job_id, position, finished_mode
+    FROM unnest(%(depends_on)s::bigint[], %(job_ids)s::bigint[], %(positions)s::int[],
+                %(finished_modes)s::boolean[])
+         AS pair (depends_on, job_id, position, finished_mode)
     ON CONFLICT DO NOTHING
 )
 INSERT INTO {schema}.dependents_to_check (job_id)
@@ -1842,12 +1862,14 @@ SELECT * FROM {schema}.jobs WHERE id = ANY(%(ids)s::bigint[]) ORDER BY id;
 SELECT job.id, job.state::text AS state
 FROM {schema}.job_dependencies AS link
 JOIN {schema}.finished_jobs AS job ON job.id = link.depends_on
-WHERE link.job_id = %(id)s AND job.state IN ('dead', 'cancelled')
+WHERE link.job_id = %(id)s AND job.state IN ('dead', 'cancelled') AND NOT link.finished_mode
 ORDER BY job.id;
 
 -- name: job_dependents_cancel
 -- waiting -> cancelled for the jobs that depend on %(ids)s, which ended dead or
--- cancelled (%(states)s): each one's last_error names the dependency. With %(among)s,
+-- cancelled (%(states)s): each one's last_error names the dependency. A dependent in
+-- 'finished' mode is not cancelled: these count off its pending dependencies, as an
+-- ack does in dependents_released, and one left with none is queued. With %(among)s,
 -- only those of these jobs (an enqueue's own, whose dependency it found dead). One
 -- level: the caller runs it again for the cancelled jobs that have dependents of their
 -- own, each time in a new statement, so that it sees dependents whose transaction
@@ -1863,8 +1885,40 @@ doomed AS (
            'dependency ' || failed.id || ' ended ' || failed.state AS reason
     FROM {schema}.job_dependencies AS dependency
     JOIN failed ON failed.id = dependency.depends_on
-    WHERE %(among)s::bigint[] IS NULL OR dependency.job_id = ANY(%(among)s::bigint[])
+    WHERE (%(among)s::bigint[] IS NULL OR dependency.job_id = ANY(%(among)s::bigint[]))
+      AND NOT dependency.finished_mode
     ORDER BY dependency.job_id, failed.id
+),
+met AS (
+    -- With %(among)s, only the enqueue's own jobs that this cascade cancelled count:
+    -- its finished-mode jobs counted them as unmet (they were waiting), but not the
+    -- dependencies already dead or cancelled before it.
+    SELECT dependency.job_id, count(*)::int AS jobs
+    FROM {schema}.job_dependencies AS dependency
+    JOIN failed ON failed.id = dependency.depends_on
+    WHERE (%(among)s::bigint[] IS NULL OR (dependency.job_id = ANY(%(among)s::bigint[])
+                                           AND failed.id = ANY(%(among)s::bigint[])))
+      AND dependency.finished_mode
+    GROUP BY dependency.job_id
+),
+released AS (
+    -- A row update, as in dependents_released: an ack and a death of a job's last two
+    -- dependencies take turns on its row, and exactly one of them queues it.
+    UPDATE {schema}.active_jobs AS job
+    SET pending_dependencies = job.pending_dependencies - met.jobs,
+        state = CASE WHEN job.pending_dependencies - met.jobs <= 0 THEN 'queued'
+                     ELSE 'waiting' END::{schema}.job_state
+    FROM met
+    WHERE job.id = met.job_id AND job.state = 'waiting'
+    RETURNING job.*
+),
+woken AS (
+    SELECT pg_notify({channel_name}, wanted.queue)
+    FROM (SELECT DISTINCT queue FROM released WHERE state = 'queued') AS wanted
+    WHERE EXISTS (
+        SELECT FROM {schema}.queue_waiters AS waiter
+        WHERE waiter.queue = wanted.queue AND waiter.expires_at > now()
+    )
 ),
 cancelled AS (
     DELETE FROM {schema}.active_jobs AS job
@@ -1898,12 +1952,35 @@ watched AS (
     WHERE EXISTS (SELECT FROM {schema}.job_waiters)
       AND EXISTS (SELECT FROM {schema}.job_waiters AS waiter WHERE waiter.job_id = cancelled.id)
 )
-SELECT * FROM moved
-WHERE (SELECT count(*) FROM watched) >= 0;
+-- The jobs cancelled, then those released (released true), which changed too.
+SELECT moved.*, false AS released FROM moved
+WHERE (SELECT count(*) FROM watched) >= 0
+UNION ALL
+SELECT released.*, true FROM released
+WHERE (SELECT count(*) FROM woken) >= 0;
 
 -- name: job_dependencies_get
 -- The jobs a job depends on, and the jobs that depend on it, ids ascending.
 SELECT ARRAY(SELECT depends_on FROM {schema}.job_dependencies
              WHERE job_id = %(id)s ORDER BY depends_on) AS depends_on,
        ARRAY(SELECT job_id FROM {schema}.job_dependencies
-             WHERE depends_on = %(id)s ORDER BY job_id) AS dependents;
+             WHERE depends_on = %(id)s ORDER BY job_id) AS dependents,
+       coalesce((SELECT bool_or(finished_mode) FROM {schema}.job_dependencies
+                 WHERE job_id = %(id)s), false) AS finished_mode;
+
+-- name: job_dependencies_of_many
+-- What the jobs %(ids)s depended on, for their handlers (Job.dependencies): each
+-- dependency's id, task, state and result, in the order depends_on named them (links
+-- written before pgqueue kept the order come after, by id). A dependency that was
+-- pruned is found nowhere: its task, state and result are NULL. By id, one row at a
+-- time from each table: what this reads grows with the dependencies, not the history.
+SELECT link.job_id, link.depends_on AS id, link.finished_mode, dependency.task,
+       dependency.state::text AS state, dependency.result
+FROM {schema}.job_dependencies AS link
+LEFT JOIN LATERAL (
+    SELECT job.task, job.state, job.result FROM {schema}.jobs AS job
+    WHERE job.id = link.depends_on
+    LIMIT 1
+) AS dependency ON true
+WHERE link.job_id = ANY(%(ids)s::bigint[])
+ORDER BY link.job_id, link.position NULLS LAST, link.depends_on;

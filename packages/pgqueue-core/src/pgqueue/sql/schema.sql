@@ -180,7 +180,15 @@ CREATE VIEW {schema}.jobs AS
 CREATE TABLE {schema}.job_dependencies (
     depends_on bigint NOT NULL,  -- the job waited for
     job_id     bigint NOT NULL,  -- the job that waits
-    PRIMARY KEY (depends_on, job_id)
+    PRIMARY KEY (depends_on, job_id),
+    -- Where depends_on named it, from 0: the order of the job's job.dependencies. NULL
+    -- for links written before pgqueue kept it, which come after, by id.
+    position   integer,
+    -- The dependent's dependency_mode, the same on each of its rows: false
+    -- ('succeeded') when this dependency must succeed, and its death or cancellation
+    -- cancels the dependent; true ('finished') when it need only be final in any state,
+    -- and its death or cancellation counts it off as its ack does.
+    finished_mode boolean NOT NULL DEFAULT false
 );
 
 -- A job's own dependencies, and their removal when it is pruned.
@@ -488,8 +496,9 @@ $$;
 --    lock is held from here to the commit, never through the producer's transaction.
 -- 2. Each statement of a volatile function takes a new snapshot, so the next ones see
 --    whatever those waits let commit. The jobs with a dependency that ended dead or
---    cancelled are cancelled, with their dependents among these jobs in turn; every
---    other one's count of unmet dependencies (those still in active_jobs) is set from
+--    cancelled are cancelled, with their dependents among these jobs in turn, unless
+--    they wait in 'finished' mode (finished_mode), for which an end in any state is
+--    met; every other one's count of unmet dependencies (those still in active_jobs) is set from
 --    scratch, and one with none left is queued, waking its queue's waiting workers on
 --    channel. The enqueue's own count was provisional: nothing is counted twice.
 --
@@ -536,6 +545,7 @@ BEGIN
             FROM {schema}.job_dependencies AS link
             JOIN {schema}.finished_jobs AS failed ON failed.id = link.depends_on
             WHERE link.job_id = ANY(checking) AND failed.state IN ('dead', 'cancelled')
+              AND NOT link.finished_mode
             ORDER BY link.job_id, link.depends_on
         ),
         cancelled AS (

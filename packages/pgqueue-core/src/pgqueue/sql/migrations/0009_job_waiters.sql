@@ -1,4 +1,4 @@
--- Version 10: waiting for a job to finish (Queue.wait, GET /jobs/ID?wait=S). The
+-- Version 9: waiting for a job to finish (Queue.wait, GET /jobs/ID?wait=S). The
 -- jobs someone waits for are recorded in job_waiters, and the statements that finish
 -- jobs announce those, and only those, on the schema's done channel as they commit.
 -- dependents_checked, which cancels the dependents of failed jobs as an enqueue
