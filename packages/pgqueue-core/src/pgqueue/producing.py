@@ -39,6 +39,7 @@ class ProducerMethods(QueueBase):
         timeout_seconds: float | None = None,
         unique_key: str | None = None,
         depends_on: Sequence[int] = (),
+        tags: Sequence[str] = (),
         conn: psycopg.Connection | None = None,
     ) -> EnqueueResult:
         """Add one job; with an ``idempotency_key`` already in the table, return that job
@@ -52,6 +53,9 @@ class ProducerMethods(QueueBase):
         With ``depends_on`` (job ids), the job waits until those jobs have succeeded, and
         is cancelled if one ends dead or cancelled (see :mod:`pgqueue.dependencies`);
         ids that are no job raise :class:`~pgqueue.errors.UnknownDependencies`.
+
+        ``tags`` (at most 16 strings of 1 to 64 characters) label the job, to find it by
+        with :meth:`~pgqueue.Queue.list`.
 
         Pass ``conn`` to enqueue inside your own transaction: the job then commits or
         rolls back with your writes, and workers are woken when you commit.
@@ -68,6 +72,7 @@ class ProducerMethods(QueueBase):
             timeout_seconds=timeout_seconds,
             unique_key=unique_key,
             depends_on=depends_on,
+            tags=tags,
         )
         return self.enqueue_spec(spec, conn=conn)
 
