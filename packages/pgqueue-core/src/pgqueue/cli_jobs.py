@@ -39,6 +39,13 @@ from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
     metavar="JOB_ID",
     help="Wait until this job has succeeded (repeatable); cancelled if it ends dead or cancelled.",
 )
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    metavar="TAG",
+    help="Label the job, to find it by (repeatable; at most 16, of 1 to 64 characters).",
+)
 @database_options
 def enqueue(
     task: str,
@@ -63,6 +70,8 @@ def enqueue(
     for name in ("idempotency_key", "unique_key"):
         if options[name] is not None:
             _check_utf8(options[name], f"--{name.replace('_', '-')}")
+    for tag in options["tags"]:
+        _check_utf8(tag, "--tag")
     with open_queue(database_url, schema) as queue:
         outcome = queue.enqueue(task, body, **options)
     _echo_json({"created": outcome.created, "job": outcome.job.to_dict()})
@@ -133,7 +142,8 @@ def status(database_url: str | None, schema: str, as_json: bool) -> None:
 def show_job(job_id: int, database_url: str | None, schema: str) -> None:
     """Show one job as JSON, with the errors of its failed attempts (the latest 20), the
     ids of the jobs it depends on (depends_on) and of those that depend on it
-    (dependents)."""
+    (dependents), its tags and the latest progress its handler reported (progress:
+    fraction, message and at; null until it reports)."""
     with open_queue(database_url, schema) as queue:
         job = queue.get(job_id)
         dependencies = queue.dependencies(job_id)

@@ -14,13 +14,14 @@
 -- grows with the backlog, not with the history (`pgqueue bench search` measures it:
 -- results/search.json has the build over 1M queued jobs). With a large backlog, build
 -- the two indexes beforehand with CREATE INDEX CONCURRENTLY, under the same names and
--- definitions, and drop the two statements below from this file's run by hand, or
--- migrate while producers and workers are stopped. finished_jobs gets
--- no index: searching history reads its partitions (see docs/http-api.md). See
--- ../schema.sql for what each part is for.
+-- definitions (after adding the columns): this migration then leaves them be.
+-- finished_jobs gets no index: searching history reads its partitions (see
+-- docs/http-api.md). See ../schema.sql for what each part is for.
 
-ALTER TABLE {schema}.active_jobs ADD COLUMN tags text[], ADD COLUMN progress jsonb;
-ALTER TABLE {schema}.finished_jobs ADD COLUMN tags text[], ADD COLUMN progress jsonb;
+ALTER TABLE {schema}.active_jobs
+    ADD COLUMN IF NOT EXISTS tags text[], ADD COLUMN IF NOT EXISTS progress jsonb;
+ALTER TABLE {schema}.finished_jobs
+    ADD COLUMN IF NOT EXISTS tags text[], ADD COLUMN IF NOT EXISTS progress jsonb;
 
 -- The view's columns were fixed when it was made: make it again, with the new ones.
 CREATE OR REPLACE VIEW {schema}.jobs AS
@@ -28,10 +29,10 @@ CREATE OR REPLACE VIEW {schema}.jobs AS
     UNION ALL
     SELECT * FROM {schema}.finished_jobs;
 
-CREATE INDEX active_jobs_tags_idx ON {schema}.active_jobs USING gin (tags)
+CREATE INDEX IF NOT EXISTS active_jobs_tags_idx ON {schema}.active_jobs USING gin (tags)
     WHERE tags IS NOT NULL;
 
-CREATE INDEX active_jobs_payload_idx ON {schema}.active_jobs
+CREATE INDEX IF NOT EXISTS active_jobs_payload_idx ON {schema}.active_jobs
     USING gin (payload jsonb_path_ops);
 
 -- A waiting job cancelled because a dependency failed keeps its tags and progress.
