@@ -6,13 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
+import uuid
 from typing import Any
 
 import pytest
 from polling import wait_for
 from worker_support import TEST_PLUGIN, wait_until_state
 
-from pgqueue import Job, JobState, Queue, ValidationError
+from pgqueue import Job, JobSpec, JobState, Lease, Queue, ValidationError, WorkerProtocol
+from pgqueue_worker.progress import ProgressWriter
 
 
 def _progress(queue: Queue, job_id: int) -> dict[str, Any] | None:
@@ -96,3 +99,58 @@ def test_bad_reports_are_refused_and_a_job_outside_a_worker_cannot_report(
     assert finished.progress_report is None
     with pytest.raises(RuntimeError, match="only by the handler a worker runs"):
         finished.progress(0.5)
+
+
+class CountingProtocol(WorkerProtocol):
+    """The real protocol, counting its progress statements."""
+
+    def __init__(self, queue: Queue) -> None:
+        super().__init__(queue)
+        self.writes = 0
+
+    def write_progress(self, reports: Any) -> list[int]:
+        self.writes += 1
+        return super().write_progress(reports)
+
+
+def test_a_tight_loop_of_reports_is_written_at_most_once_per_interval(queue: Queue) -> None:
+    queue.enqueue_many([JobSpec("loop"), JobSpec("loop")])
+    protocol = CountingProtocol(queue)
+    claimed = protocol.claim(["default"], ["loop"], 2)
+    leases = [Lease(job.id, job.lease_token) for job in claimed if job.lease_token]
+    writer = ProgressWriter(protocol, interval=0.5)
+    writer.start()
+    try:
+        sinks = [writer.sink(lease) for lease in leases]
+        started = time.monotonic()
+        calls = 0
+        while time.monotonic() - started < 2.0:
+            for sink in sinks:
+                sink(min(1.0, calls / 1e6), f"call {calls}")
+            calls += 1
+        # Both jobs' reports share each round's statement: one per half second.
+        assert calls > 10_000 and protocol.writes <= 2.0 / 0.5 + 1, (calls, protocol.writes)
+        for lease in leases:
+            settle = writer.settle(lease)
+            if settle is not None:
+                settle()
+        for job in claimed:
+            assert queue.get(job.id).progress_report["message"] == f"call {calls - 1}"
+    finally:
+        writer.stop(5)
+
+
+def test_a_report_under_a_lost_lease_writes_nothing(queue: Queue) -> None:
+    job = queue.enqueue("fenced").job
+    protocol = WorkerProtocol(queue)
+    [claimed] = protocol.claim(["default"], ["fenced"], 1)
+    assert claimed.lease_token is not None
+    stale = Lease(job.id, uuid.uuid4())
+    assert protocol.write_progress([(stale, 0.9, "stale")]) == []
+    assert queue.get(job.id).progress_report is None
+    current = Lease(job.id, claimed.lease_token)
+    assert protocol.write_progress([(current, 0.3, None)]) == [job.id]
+    queue.cancel(job.id)
+    assert protocol.write_progress([(current, 0.8, "after the cancel")]) == []
+    kept = queue.get(job.id).progress_report
+    assert kept is not None and kept["fraction"] == 0.3 and kept["message"] is None
