@@ -32,6 +32,7 @@ PARTS = {
     "job_list": {"filters": sql.SQL("")},
     "job_search": {"filters": sql.SQL("")},
     "job_prune": {"table": sql.Identifier("finished_jobs")},
+    "lease_lost_raise": {"message": sql.Literal("lost")},
 }
 
 
