@@ -115,8 +115,9 @@ def trouble_beyond_new_columns(log: str) -> list[str]:
     for index, line in enumerate(lines):
         if line in found and "reaper failed" in line:
             following = lines[index + 1 : index + 40]
+            # Its traceback runs to the next record, which starts with the date.
             ends = next(
-                (n for n, later in enumerate(following) if re.match(r"^\S+ \S+ ", later)),
+                (n for n, later in enumerate(following) if re.match(r"^\d{4}-\d\d-\d\d ", later)),
                 len(following),
             )
             if any(RESULT_TYPE_CHANGED in later for later in following[:ends]):
