@@ -100,6 +100,32 @@ def trouble(log: str) -> list[str]:
     ]
 
 
+# What an old worker's reaper meets, once, when an upgrade adds columns to active_jobs:
+# its prepared "SELECT job.* FROM active_jobs" now returns more columns, which
+# PostgreSQL refuses for a statement prepared before. The reaper logs it and its next
+# round, on a connection that prepares the statement anew, reaps as before.
+RESULT_TYPE_CHANGED = "cached plan must not change result type"
+
+
+def trouble_beyond_new_columns(log: str) -> list[str]:
+    """:func:`trouble`, but for one reaper round per old worker that failed because the
+    upgrade added columns (RESULT_TYPE_CHANGED): a worker riding that out is working."""
+    found = trouble(log)
+    lines = log.splitlines()
+    for index, line in enumerate(lines):
+        if line in found and "reaper failed" in line:
+            following = lines[index + 1 : index + 40]
+            # Its traceback runs to the next record, which starts with the date.
+            ends = next(
+                (n for n, later in enumerate(following) if re.match(r"^\d{4}-\d\d-\d\d ", later)),
+                len(following),
+            )
+            if any(RESULT_TYPE_CHANGED in later for later in following[:ends]):
+                found.remove(line)
+                break
+    return found
+
+
 def worker_pid(job: dict[str, Any]) -> int:
     """The pid in a job's worker id (host:pid:nonce)."""
     return int(job["worker_id"].split(":")[1])
@@ -297,4 +323,5 @@ def test_upgrading_under_the_previous_releases_workers_loses_nothing(
     assert codes == [0] * len(running_then), codes
     for name in [*workers, "new"]:
         log = (new if name == "new" else old).log(name)
-        assert not trouble(log), f"{name}: {log}"
+        check = trouble if name == "new" else trouble_beyond_new_columns
+        assert not check(log), f"{name}: {log}"

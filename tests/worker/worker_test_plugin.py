@@ -4,7 +4,8 @@ Its hooks append one JSON line per call to the file named by ``PGQUEUE_TEST_HOOK
 (single ``O_APPEND`` writes, so several worker processes can share the file), and,
 with ``PGQUEUE_TEST_RAISING_HOOKS=1``, raise after recording. Its tasks misbehave on
 purpose: ``stall_first`` hangs on its first attempt, ``whoami`` says which process
-ran it.
+ran it, ``report_progress`` reports its progress in a tight loop and then waits to be
+cancelled.
 """
 
 from __future__ import annotations
@@ -60,10 +61,23 @@ def whoami(payload: dict[str, Any], job: Job) -> dict[str, Any]:
     return {"attempt": job.attempts, "pid": os.getpid()}
 
 
+def report_progress(payload: dict[str, Any], job: Job) -> str:
+    """Report 0.25 "first", then a tight loop of ``payload["calls"]`` reports ending at
+    0.5 "second"; then wait up to ``payload["wait"]`` seconds to be cancelled."""
+    job.progress(0.25, "first")
+    time.sleep(float(payload.get("pause", 1.5)))
+    calls = int(payload.get("calls", 1))
+    for call in range(calls):
+        job.progress(0.25 + 0.25 * (call + 1) / calls, "second" if call == calls - 1 else "loop")
+    job.wait_cancelled(float(payload.get("wait", 0)))
+    return "done"
+
+
 @hookimpl
 def register_tasks(register: Callable[..., None]) -> None:
     register("stall_first", stall_first)
     register("whoami", whoami)
+    register("report_progress", report_progress)
 
 
 @hookimpl

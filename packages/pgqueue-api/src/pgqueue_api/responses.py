@@ -26,6 +26,14 @@ class JobError(ResponseBody):
     )
 
 
+class JobProgress(ResponseBody):
+    """The latest progress a job's handler reported."""
+
+    fraction: float = Field(description="How much of the work is done, from 0 to 1.")
+    message: str | None = Field(description="What the handler said with it, if anything.")
+    at: datetime = Field(description="When it was written (at most a second after the report).")
+
+
 class Job(ResponseBody):
     """A job as stored."""
 
@@ -66,6 +74,14 @@ class Job(ResponseBody):
     lease_expires_at: datetime | None = Field(
         description="While running: when the lease ends unless the worker renews it."
     )
+    tags: list[str] = Field(description="The tags it was enqueued with; empty for none.")
+    progress: JobProgress | None = Field(
+        description=(
+            "The latest progress its handler reported (written at most once a second per "
+            "worker, the last report always); null until one reports. Kept once the job "
+            "has finished, and through a retry until the new attempt reports."
+        )
+    )
 
 
 class JobDetail(Job):
@@ -87,13 +103,17 @@ class JobDetail(Job):
 
 
 JOB_FIELDS = tuple(Job.model_fields)
+_STORED_FIELDS = tuple(name for name in JOB_FIELDS if name != "progress")
 
 
 def job_body(job: StoredJob) -> dict[str, Any]:
     """The answer body for ``job``: exactly the fields of :class:`Job`, so its lease token
     stays private to the worker. Plain data, not a model: every value already has the
     declared type (it comes from the database), and a batch answer holds a thousand."""
-    return {name: getattr(job, name) for name in JOB_FIELDS}
+    body = {name: getattr(job, name) for name in _STORED_FIELDS}
+    # The field is progress_report on the Job: progress is the handler's method.
+    body["progress"] = job.progress_report
+    return body
 
 
 def job_detail_body(job: StoredJob, dependencies: JobDependencies) -> dict[str, Any]:

@@ -143,6 +143,7 @@ def job_spec(job: JobCreate | BatchJobCreate) -> JobSpec:
         max_attempts=job.max_attempts,
         timeout_seconds=job.timeout_seconds,
         unique_key=job.unique_key,
+        tags=job.tags,
         depends_on=[
             BatchItem(item.index) if isinstance(item, EarlierItem) else item
             for item in job.depends_on
@@ -279,7 +280,10 @@ def _enqueue_many(queue: Queue, batch: JobBatchCreate, reject_unserved: bool = F
 )
 async def list_jobs(filters: Annotated[JobFilter, Query()], queue: QueueDep) -> Response:
     """Jobs newest first, optionally filtered, one page at a time (keyset pagination, so
-    pages stay fast and stable however deep they go)."""
+    pages stay fast and stable however deep they go). The `tag` and `payload_contains`
+    filters find queued and running jobs through indexes, in milliseconds however large
+    the backlog; finished jobs have no such index and are read newest first until the
+    page is full (add `state` to read only that state's jobs)."""
     return await run_in_threadpool(_list_jobs, queue, filters)
 
 
@@ -290,6 +294,8 @@ def _list_jobs(queue: Queue, filters: JobFilter) -> Response:
         task=filters.task,
         limit=filters.limit,
         after=filters.after,
+        tags=filters.tag,
+        payload_contains=filters.payload_contains,
     )
     jobs = [job_body(job) for job in page.jobs]
     return json_response({"jobs": jobs, "next_after": page.next_after})

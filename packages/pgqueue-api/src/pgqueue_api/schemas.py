@@ -22,6 +22,7 @@ from pydantic import (
     StrictFloat,
     StrictInt,
     StrictStr,
+    StringConstraints,
     field_validator,
 )
 
@@ -38,6 +39,9 @@ NAME_RULES = (
     f"1 to {validation.NAME_MAX_LENGTH} characters of letters, digits, '_', '.', ':' "
     "and '-', starting with a letter or digit"
 )
+
+Tag = Annotated[StrictStr, StringConstraints(min_length=1, max_length=validation.TAG_MAX_LENGTH)]
+"""A job's tag (see pgqueue.validation.tags for the rest of the rules)."""
 
 Name = Annotated[
     StrictStr,
@@ -118,6 +122,14 @@ class _JobFields(RequestBody):
             "is checked first."
         ),
     )
+    tags: list[Tag] = Field(
+        default_factory=list,
+        max_length=validation.TAGS_MAX,
+        description=(
+            f"Labels to find the job by (`GET /jobs?tag=`): at most {validation.TAGS_MAX} "
+            f"strings of 1 to {validation.TAG_MAX_LENGTH} characters; each is kept once."
+        ),
+    )
     max_attempts: StrictInt = Field(
         default=DEFAULT_MAX_ATTEMPTS,
         ge=1,
@@ -185,6 +197,21 @@ class JobFilter(RequestBody):
         ge=1,
         le=JOB_ID_MAX,
         description="The `next_after` of the previous page; omit for the first page.",
+    )
+    tag: list[Tag] = Field(
+        default_factory=list,
+        max_length=validation.TAGS_MAX,
+        description="Only jobs carrying this tag; repeat it for jobs carrying all of them.",
+    )
+    payload_contains: str | None = Field(
+        default=None,
+        max_length=validation.PAYLOAD_MAX_BYTES,
+        description=(
+            "Only jobs whose payload contains this JSON object (PostgreSQL's `@>`): "
+            '`{"customer": 7}` finds every payload whose `customer` is 7. Queued and '
+            "running jobs are found through an index; finished ones are read newest "
+            "first until the page is full."
+        ),
     )
 
 

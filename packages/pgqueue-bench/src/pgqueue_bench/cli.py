@@ -14,6 +14,7 @@ from pgqueue_bench.plot import plot_command
 from pgqueue_bench.report import report_command
 from pgqueue_bench.restart import restart_command
 from pgqueue_bench.scale import scale_command
+from pgqueue_bench.search import search_command
 from pgqueue_bench.soak import soak_command
 from pgqueue_bench.throughput import throughput_command
 from pgqueue_bench.ui import ui_command
@@ -37,5 +38,6 @@ bench.add_command(ui_command)
 bench.add_command(soak_command)
 bench.add_command(effects_command)
 bench.add_command(unserved_command)
+bench.add_command(search_command)
 bench.add_command(plot_command)
 bench.add_command(report_command)

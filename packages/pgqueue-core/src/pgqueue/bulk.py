@@ -73,7 +73,12 @@ def copy_jobs(
         # some hundreds, and the server stores one block while this builds the next.
         for job_id, spec, run_at, payload in zip(ids, specs, run_ats, payloads, strict=True):
             first = (job_id, spec.queue, spec.task, spec.payload_text, spec.priority)
-            rest = (spec.max_attempts, spec.timeout_seconds, trace_context)
+            rest = (
+                spec.max_attempts,
+                spec.timeout_seconds,
+                trace_context,
+                list(spec.tags) if spec.tags else None,
+            )
             copy.write_row((*first, run_at, *rest) if timed else first + rest)
             jobs.append(spec.queued_job(job_id, run_at, now, loaded_payload=payload))
     queues = sorted({spec.queue for spec in specs})

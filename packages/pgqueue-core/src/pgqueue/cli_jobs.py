@@ -101,6 +101,13 @@ def _exit_as_waited(job: Job, waited: float) -> None:
     show_default=True,
     help="finished: wait until every --depends-on job is final in any state, never cancelled.",
 )
+@click.option(
+    "--tag",
+    "tags",
+    multiple=True,
+    metavar="TAG",
+    help="Label the job, to find it by (repeatable; at most 16, of 1 to 64 characters).",
+)
 @wait_option("the job")
 @database_options
 def enqueue(
@@ -130,6 +137,8 @@ def enqueue(
     for name in ("idempotency_key", "unique_key"):
         if options[name] is not None:
             _check_utf8(options[name], f"--{name.replace('_', '-')}")
+    for tag in options["tags"]:
+        _check_utf8(tag, "--tag")
     with open_queue(database_url, schema) as queue:
         outcome = queue.enqueue(task, body, **options)
         job = outcome.job
@@ -208,7 +217,8 @@ def show_job(
 ) -> None:
     """Show one job as JSON, with the errors of its failed attempts (the latest 20), the
     ids of the jobs it depends on (depends_on) and of those that depend on it
-    (dependents).
+    (dependents), its tags and the latest progress its handler reported (progress:
+    fraction, message and at; null until it reports).
 
     With --wait, once the job is final, or as it is when the wait ends; the exit status
     is 0 only if it succeeded."""

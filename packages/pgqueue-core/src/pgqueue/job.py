@@ -7,12 +7,14 @@ import threading
 import uuid
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AbstractContextManager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from operator import itemgetter
 from typing import TYPE_CHECKING, Any, overload
 
 import psycopg
+
+from pgqueue.errors import ValidationError
 
 if TYPE_CHECKING:
     from pgqueue.dependencies import Dependency
@@ -42,6 +44,8 @@ ERRORS_KEPT = 20
 entry's error is cut to ERROR_HISTORY_CHARS characters. Both are applied by the SQL
 statement that records failures (``job_finish_many``)."""
 ERROR_HISTORY_CHARS = 2000
+PROGRESS_MESSAGE_CHARS = 1000
+"""How many characters of a progress message are kept (see :meth:`Job.progress`)."""
 # By value: a dict lookup costs a fraction of calling the enum class, once per row.
 _STATES = {state.value: state for state in JobState}
 
@@ -79,6 +83,13 @@ class Job:
     unique_key: str | None = None
     """The unique key it was enqueued with, if any: while the job is queued or running,
     no other job with this key can be enqueued (see :mod:`pgqueue.keyed`)."""
+    tags: list[str] = field(default_factory=list)
+    """The tags it was enqueued with (empty for none), to find it by."""
+    progress_report: dict[str, Any] | None = None
+    """The latest progress its handler reported (see :meth:`progress`) as the database
+    holds it: ``fraction``, ``message`` and ``at`` (ISO 8601 text, when it was
+    written), or None until a handler reports. Column ``progress``; kept once the job
+    has finished."""
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:
@@ -87,6 +98,9 @@ class Job:
         values["state"] = JobState(values["state"])
         # NULL in the table: no attempt has failed (the column has no default).
         values["errors"] = values["errors"] or []
+        # NULL in the table: no tags (storing nothing for most jobs).
+        values["tags"] = values.get("tags") or []
+        values["progress_report"] = row.get("progress")
         return cls(**values)
 
     @classmethod
@@ -126,6 +140,8 @@ class Job:
         the claim returns them), it takes each row as it is.
         """
         shared = dict(shared or {})
+        # The column is progress; the field is progress_report (progress is the method).
+        columns = [PROGRESS_FIELD if name == "progress" else name for name in columns]
         names = tuple(name for name in _JOB_FIELDS if name not in shared)
         values_of: Callable[[Sequence[Any]], Iterable[Any]]
         # Columns after the fields (a claim's pending_dependencies) are left out by zip,
@@ -145,6 +161,8 @@ class Job:
             values["state"] = _STATES[values["state"]]
             if values["errors"] is None:
                 values["errors"] = []
+            if values["tags"] is None:
+                values["tags"] = []
             jobs.append(cls.from_fields(values))
         return jobs
 
@@ -229,6 +247,44 @@ class Job:
             event = self.__dict__.get("_cancel_event")
         if event is not None:
             event.set()
+
+    # -- reporting progress ---------------------------------------------------------
+    # As with calling off: not a field, set on the one Job object a worker hands the
+    # handler (see report_progress_to), so nothing is allocated for jobs that never
+    # report.
+
+    def progress(self, fraction: float, message: str | None = None) -> None:
+        """Report how far the running attempt has got: ``fraction`` done, from 0 to 1,
+        and an optional ``message`` (cut to PROGRESS_MESSAGE_CHARS characters). Cheap
+        and non-blocking, from a plain or an ``async def`` handler: the worker keeps the
+        latest value and writes it with the others at most once per its progress
+        interval (a second by default), and writes the last one before the attempt's
+        outcome. It shows as ``progress`` in ``GET /jobs/{id}``, ``pgqueue job`` and the
+        dashboard, and stays once the job has finished. A report from an attempt whose
+        lease was lost is not written.
+
+        Raises :class:`~pgqueue.errors.ValidationError` (a ValueError) for a fraction
+        outside [0, 1] or a message that is not text, and RuntimeError for a job that no
+        worker is running here."""
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+            raise ValidationError("fraction", "must be a number from 0 to 1")
+        if not 0.0 <= fraction <= 1.0:  # NaN fails too
+            raise ValidationError("fraction", f"must be from 0 to 1, not {fraction!r}")
+        if message is not None:
+            if not isinstance(message, str):
+                raise ValidationError("message", "must be a string or None")
+            message = message[:PROGRESS_MESSAGE_CHARS].replace("\x00", "")
+        sink = self.__dict__.get("_progress_sink")
+        if sink is None:
+            raise RuntimeError(
+                f"job {self.id}: progress can be reported only by the handler a worker runs"
+            )
+        sink(float(fraction), message)
+
+    def report_progress_to(self, sink: Callable[[float, str | None], None] | None) -> None:
+        """Send this attempt's :meth:`progress` reports to ``sink`` (None: refuse them).
+        The worker calls it before the handler, and with None after."""
+        self.__dict__["_progress_sink"] = sink
 
     def __getstate__(self) -> dict[str, Any]:
         """What a pickled or copied job keeps: the row's fields. What a claim attached to
@@ -380,6 +436,8 @@ class Job:
             elif isinstance(value, (uuid.UUID, JobState)):
                 value = value.value if isinstance(value, JobState) else str(value)
             out[f.name] = value
+        # Named as the column and every answer of the API name it.
+        out["progress"] = out.pop(PROGRESS_FIELD)
         return out
 
 
@@ -391,6 +449,8 @@ def _check_connection(conn: object) -> None:
 
 
 _JOB_FIELDS = tuple(f.name for f in fields(Job))
+PROGRESS_FIELD = "progress_report"
+"""The field that holds the column ``progress``."""
 # Guards the making of a Job's cancellation event (see Job.wait_cancelled); taken only
 # by handlers that wait and by attempts called off.
 _cancel_lock = threading.Lock()

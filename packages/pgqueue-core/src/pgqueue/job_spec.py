@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from datetime import datetime
@@ -52,6 +53,9 @@ class JobSpec:
     """What ``depends_on`` waits for: ``"succeeded"`` (each must succeed; one that ends
     dead or cancelled cancels this job) or ``"finished"`` (each must be final, in any
     state; this job runs whatever they ended as)."""
+    tags: tuple[str, ...] = ()
+    """Labels to find the job by (``Queue.list(tags=...)``): at most 16 strings of 1 to
+    64 characters, each kept once."""
     payload_text: str = field(init=False, repr=False, compare=False)
     """The payload as the JSON text that is stored (validated and measured once)."""
     dependencies: tuple[int | BatchItem, ...] = field(init=False, repr=False, compare=False)
@@ -71,6 +75,7 @@ class JobSpec:
         unique_key: str | None = None,
         depends_on: Sequence[int | BatchItem] = (),
         dependency_mode: str = "succeeded",
+        tags: Sequence[str] = (),
     ) -> None:
         """Check every field; raises :class:`~pgqueue.errors.ValidationError` naming the
         first one that is wrong."""
@@ -114,6 +119,7 @@ class JobSpec:
             unique_key=unique_key,
             depends_on=depends_on,
             dependency_mode=dependency_mode,
+            tags=validation.tags(tags) if tags else (),
             payload_text=validation.payload(payload),
             dependencies=checked(depends_on) if depends_on else (),
         )
@@ -154,6 +160,7 @@ class JobSpec:
         values["errors"] = []
         values["idempotency_key"] = self.idempotency_key
         values["unique_key"] = self.unique_key
+        values["tags"] = list(self.tags)
         return Job.from_fields(values)
 
     def params(self) -> dict[str, Any]:
@@ -169,4 +176,8 @@ class JobSpec:
             "timeout_seconds": self.timeout_seconds,
             "idempotency_key": self.idempotency_key,
             "trace_context": None,  # JSON text, set by an enqueue that is traced
+            # job_insert takes the list; the statements over arrays take JSON text (an
+            # array of arrays must be rectangular). NULL for none.
+            "tags": list(self.tags) if self.tags else None,
+            "tags_json": json.dumps(list(self.tags)) if self.tags else None,
         }

@@ -39,6 +39,7 @@ class ProducerMethods(QueueBase):
         timeout_seconds: float | None = None,
         unique_key: str | None = None,
         depends_on: Sequence[int] = (),
+        tags: Sequence[str] = (),
         conn: psycopg.Connection | None = None,
         dependency_mode: str = "succeeded",
     ) -> EnqueueResult:
@@ -58,6 +59,9 @@ class ProducerMethods(QueueBase):
         group. Its handler finds them, with their states and results, in
         ``job.dependencies``.
 
+        ``tags`` (at most 16 strings of 1 to 64 characters) label the job, to find it by
+        with :meth:`~pgqueue.Queue.list`.
+
         Pass ``conn`` to enqueue inside your own transaction: the job then commits or
         rolls back with your writes, and workers are woken when you commit.
         """
@@ -74,6 +78,7 @@ class ProducerMethods(QueueBase):
             unique_key=unique_key,
             depends_on=depends_on,
             dependency_mode=dependency_mode,
+            tags=tags,
         )
         return self.enqueue_spec(spec, conn=conn)
 

@@ -22,6 +22,7 @@ import copy
 import math
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -276,11 +277,22 @@ class Queue(
         limit: int = 50,
         after: int | None = None,
         above: int | None = None,
+        tags: Sequence[str] = (),
+        payload_contains: dict[str, Any] | str | None = None,
     ) -> JobPage:
         """Jobs newest first, filtered; ``after`` is the previous page's ``next_after``.
 
         ``above`` leaves out the jobs with that id or lower: with ``after``, a window of
-        ids, which bounds how many jobs a filter that no index serves (``task``) reads."""
+        ids, which bounds how many jobs a filter that no index serves (``task``) reads.
+
+        ``tags``: only the jobs that carry every one of them. ``payload_contains``: only
+        the jobs whose payload contains this JSON object (or its text), as
+        PostgreSQL's ``@>`` has it: ``{"customer": 7}`` finds every payload whose
+        ``customer`` is 7, whatever else it holds. Queued and running jobs are found
+        through indexes, in milliseconds however large the backlog; finished jobs are
+        read newest first until the page is full, so a filter that few of them match
+        reads the whole history (pass a finished ``state`` to read only its
+        partitions, or a queued or running one to read none)."""
         if state is not None:
             try:
                 state = JobState(state).value
@@ -290,6 +302,10 @@ class Queue(
                 ) from None
         if not 1 <= limit <= 1000:
             raise ValidationError("limit", "must be between 1 and 1000")
+        wanted_tags = list(validation.tags(tags, "tag")) if tags else None
+        contains = None
+        if payload_contains is not None:
+            contains = validation.payload_filter(payload_contains)
         params = {"queue": queue, "state": state, "task": task, "after": after, "above": above}
         # Only the filters given, each as a plain comparison: a state filter then prunes
         # the finished jobs' partitions, which "state = %(state)s OR it is null" cannot.
@@ -303,11 +319,19 @@ class Queue(
             for name, value in params.items()
             if value is not None
         )
+        statement = "job_list"
+        if wanted_tags or contains:
+            # Containment, each through its index on active_jobs (see job_search).
+            statement = "job_search"
+            if wanted_tags:
+                filters += sql.SQL(" AND tags @> %(tags)s::text[]")
+            if contains:
+                filters += sql.SQL(" AND payload @> %(payload_contains)s::jsonb")
         with self._connection() as conn:
             cur = jsonb.cursor(conn)
             cur.execute(
-                queries.compose("job_list", self.schema, filters=filters),
-                {**params, "limit": limit + 1},
+                queries.compose(statement, self.schema, filters=filters),
+                {**params, "tags": wanted_tags, "payload_contains": contains, "limit": limit + 1},
             )
             rows = cur.fetchall()
         jobs = [Job.from_row(row) for row in rows[:limit]]

@@ -174,6 +174,52 @@ def unique_key(value: object) -> str:
     return idempotency_key(value, "unique_key")
 
 
+TAGS_MAX = 16
+"""How many tags a job may carry."""
+TAG_MAX_LENGTH = 64
+"""How many characters a tag may have."""
+
+
+def tags(value: object, field: str = "tags") -> tuple[str, ...]:
+    """A job's tags: a list of at most TAGS_MAX strings of 1 to TAG_MAX_LENGTH
+    characters, each kept once, in the order first given. A single string is refused
+    rather than read as its characters."""
+    if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
+        raise ValidationError(field, "must be a list of strings")
+    kept = tuple(dict.fromkeys(value))
+    if len(kept) > TAGS_MAX:
+        raise ValidationError(field, f"must hold at most {TAGS_MAX} tags")
+    for tag in kept:
+        if not isinstance(tag, str):
+            raise ValidationError(field, "must be a list of strings")
+        if not tag:
+            raise ValidationError(field, "must not hold an empty tag")
+        if len(tag) > TAG_MAX_LENGTH:
+            raise ValidationError(field, f"must hold tags of at most {TAG_MAX_LENGTH} characters")
+        if "\x00" in tag:
+            raise ValidationError(field, "must not contain NUL characters")
+        try:
+            tag.encode()
+        except UnicodeEncodeError:
+            raise ValidationError(field, "must hold tags of valid Unicode text") from None
+    return kept
+
+
+def payload_filter(value: object, field: str = "payload_contains") -> str | None:
+    """What a payload search must contain, as jsonb text, from a JSON object or its text;
+    None for an empty object, which every payload contains."""
+    if isinstance(value, (str, bytes)):
+        try:
+            value = json.loads(value)
+        except ValueError as exc:
+            raise ValidationError(field, f"is not valid JSON ({exc})") from None
+    if not isinstance(value, dict):
+        raise ValidationError(field, "must be a JSON object")
+    if not value:
+        return None
+    return jsonb_text(field, value)
+
+
 def jsonb_text(field: str, value: Any) -> str:
     """``value`` as JSON text that PostgreSQL's jsonb accepts.
 

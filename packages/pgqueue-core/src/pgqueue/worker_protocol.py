@@ -7,7 +7,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import TYPE_CHECKING, Any
 
 from pgqueue.claiming import ClaimMethods, Waiter, _claim_params
-from pgqueue.job import Job
+from pgqueue.job import Job, Lease
 from pgqueue.outcomes import OutcomeBatch, OutcomeMethods, _outcome_rows
 from pgqueue.queue_base import send_commit
 from pgqueue.settings import DEFAULT_LEASE_SECONDS
@@ -48,6 +48,25 @@ class WorkerProtocol(ClaimMethods, OutcomeMethods):
         self._unwritten_refusals = []
         """Failed attempts of claimed jobs whose payload could not be decoded, not
         written yet (see ClaimMethods._refuse_undecodable)."""
+
+    def write_progress(self, reports: Iterable[tuple[Lease, float, str | None]]) -> list[int]:
+        """Record the progress of running attempts, each ``(lease, fraction, message)``,
+        in one statement (see :meth:`pgqueue.Job.progress`); return the ids written. A
+        lease that was lost writes nothing, and neither does a job whose row another
+        transaction holds right now (it never waits: write it again later)."""
+        reports = list(reports)
+        if not reports:
+            return []
+        rows = self._rows(
+            "job_progress_write",
+            {
+                "ids": [lease.job_id for lease, _, _ in reports],
+                "tokens": [lease.token for lease, _, _ in reports],
+                "fractions": [fraction for _, fraction, _ in reports],
+                "messages": [message for _, _, message in reports],
+            },
+        )
+        return [row["id"] for row in rows]
 
     def ack_and_claim(
         self,

@@ -79,6 +79,7 @@ class Attempt:
 FinishedCallback = Callable[[Attempt, Any, BaseException | None], None]
 StartedCallback = Callable[[Attempt], None]
 RunningCallback = Callable[[Attempt], None]
+ReturnedCallback = Callable[[Attempt], Callable[[], None] | None]
 
 
 class Slots:
@@ -111,12 +112,14 @@ class Executor:
         on_running: RunningCallback | None = None,
         *,
         async_size: int | None = None,
+        on_returned: ReturnedCallback | None = None,
     ) -> None:
         self.size = size
         self.async_size = size if async_size is None else async_size
         self._on_finished = on_finished
         self._on_started = on_started
         self._on_running = on_running
+        self._on_returned = on_returned
         self._lock = threading.Lock()
         self._plain = Slots(size)
         self._async = Slots(self.async_size)
@@ -208,6 +211,25 @@ class Executor:
             except Exception:
                 log.exception("could not report the start of job %s", attempt.job.id)
 
+    def _returned(self, attempt: Attempt) -> Callable[[], None] | None:
+        """Ask ``on_returned`` what must be done, on a thread that may block, before
+        ``attempt``'s outcome is reported (its last progress report written), if
+        anything. What it raises is logged: it must not cost the attempt."""
+        if self._on_returned is None:
+            return None
+        try:
+            return self._on_returned(attempt)
+        except Exception:
+            log.exception("could not settle the end of job %s", attempt.job.id)
+            return None
+
+    @staticmethod
+    def _run_returned(attempt: Attempt, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except Exception:
+            log.exception("could not settle the end of job %s", attempt.job.id)
+
     def _next_in_freed_slot(self, slots: Slots) -> Attempt | None:
         """A handler returned: the waiting attempt of its kind to run in its slot, if
         any (the slot stays counted as running), else None (and the slot is free)."""
@@ -223,6 +245,7 @@ class Executor:
         attempt = self._inbox.get()
         while attempt is not None:
             self._running_now(attempt)
+            error: BaseException | None
             try:
                 result = attempt.call()
                 # None first: what most handlers return, and isawaitable's ABC check
@@ -234,9 +257,13 @@ class Executor:
                         _awaited(result), self._event_loop()
                     ).result()
             except BaseException as exc:  # whatever a handler raises is its attempt's failure
-                following = self._report(attempt, None, exc)
+                result, error = None, exc
             else:
-                following = self._report(attempt, result, None)
+                error = None
+            work = self._returned(attempt)
+            if work is not None:
+                self._run_returned(attempt, work)
+            following = self._report(attempt, result, error)
             # A plain function waiting for a slot runs on this thread at once: handing it
             # to an idle thread would cost a thread switch per job.
             if following is not None:
@@ -286,15 +313,21 @@ class Executor:
         """A coroutine attempt from its slot's start to its report; then the next
         waiting coroutine, if any, starts in the slot it leaves."""
         attempt.entered = True
+        error: BaseException | None
         try:
             if attempt.job.cancelled:
                 raise asyncio.CancelledError()
             self._running_now(attempt)
             result = await attempt.call()
         except BaseException as exc:  # whatever a handler raises is its attempt's failure
-            following = self._report(attempt, None, exc)
+            result, error = None, exc
         else:
-            following = self._report(attempt, result, None)
+            error = None
+        work = self._returned(attempt)
+        if work is not None:
+            # A statement: on a thread of its own, not on the loop the others run on.
+            await asyncio.to_thread(self._run_returned, attempt, work)
+        following = self._report(attempt, result, error)
         if following is not None:
             self._mark_started(following)
             self._spawn_all([following])

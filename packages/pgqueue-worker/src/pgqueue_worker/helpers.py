@@ -10,6 +10,7 @@ through its :class:`~pgqueue_worker.handover.Handover`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,7 @@ from pgqueue_worker.leases import LeaseSet
 from pgqueue_worker.lending import HandlerConnections
 from pgqueue_worker.outage import DatabaseHealth
 from pgqueue_worker.outcomes import OutcomeWriter
+from pgqueue_worker.progress import ProgressWriter
 from pgqueue_worker.pruner import Pruner
 from pgqueue_worker.reaper import Reaper
 from pgqueue_worker.registration import deregister, register, registration
@@ -68,12 +70,14 @@ class Helpers:
         self._queue = queue
         self._protocol = protocol
         self._health = health
+        self.progress = ProgressWriter(protocol)
         self.executor = Executor(
             worker.concurrency,
             handover.handler_finished,
             handover.handler_started,
             on_running=self._handler_running,
             async_size=worker.async_concurrency,
+            on_returned=self._handler_returned,
         )
         # Connections for handlers' job.transaction() and job.atransaction(), one per
         # handler slot at most, opened when a handler first asks (see lending.py).
@@ -172,6 +176,7 @@ class Helpers:
                 self._pruner.retention.describe(),
             )
         self.executor.start()
+        self.progress.start()
         self.claimer.start()
         self.writer.start()
         for service in self._services:
@@ -180,10 +185,11 @@ class Helpers:
     def stop(self) -> None:
         """Stop the helper threads, then the slots, giving each thread up to
         HELPER_STOP_SECONDS to finish its round; the worker leaves the registry."""
-        helpers: list[StoppableThread | Claimer | OutcomeWriter] = [
+        helpers: list[StoppableThread | Claimer | OutcomeWriter | ProgressWriter] = [
             *reversed(self._services),
             self.claimer,
             self.writer,
+            self.progress,
         ]
         # Tell them all first, then wait: one stuck in a call to a dead server must
         # not hold up the others' stopping.
@@ -206,9 +212,16 @@ class Helpers:
         """On the handler's own thread, just before it is called: ``on_start``. Not when
         the job is claimed: a job claimed ahead may wait for a slot, and one called off
         while it waits never starts."""
+        attempt.job.report_progress_to(self.progress.sink(attempt.lease))
         hooks = self._queue.hooks
         if hooks is not None:
             hooks.call("on_start", job=attempt.job)
+
+    def _handler_returned(self, attempt: Attempt) -> Callable[[], None] | None:
+        """After the handler returned, before its outcome is handed on: take no more
+        progress reports from it, and write its last one (see ProgressWriter.settle)."""
+        attempt.job.report_progress_to(None)
+        return self.progress.settle(attempt.lease)
 
     def _log_start(self) -> None:
         worker = self._worker

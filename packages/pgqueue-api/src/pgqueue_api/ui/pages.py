@@ -119,13 +119,20 @@ Name = Annotated[str | None, Query(max_length=200)]
 After = Annotated[int | None, Query(ge=1, le=JOB_ID_MAX)]
 
 
+def _tags(text: str | None) -> list[str]:
+    """The tags of the tag filter: separated by commas, each trimmed."""
+    return [tag.strip() for tag in (text or "").split(",") if tag.strip()]
+
+
 def _listing(
     store: Queue, filters: dict[str, str | None], after: int | None
 ) -> tuple[JobPage, int | None, tuple[int, int] | None]:
     """A page of jobs, the ``after`` of the next one, and, for a task filter, the window
-    of ids the page looked at when it was not filled."""
+    of ids the page looked at when it was not filled. Raises ValidationError for a tag
+    or a payload filter that is not one."""
     above = window = None
-    if filters["task"]:
+    searching = bool(filters.get("tag") or filters.get("contains"))
+    if filters["task"] and not searching:
         # No index serves a task filter: look at a window of TASK_SCAN_IDS ids at a
         # time, so that a page reads that many jobs at most, however rare the task.
         if after is not None:
@@ -135,7 +142,16 @@ def _listing(
             top = newest[0].id if newest else 0
         above = max(0, top - TASK_SCAN_IDS)
         window = (above + 1, top)
-    page = store.list(**filters, limit=PAGE_SIZE, after=after, above=above or None)
+    page = store.list(
+        queue=filters["queue"],
+        task=filters["task"],
+        state=filters["state"],
+        tags=_tags(filters.get("tag")),
+        payload_contains=filters.get("contains"),
+        limit=PAGE_SIZE,
+        after=after,
+        above=above or None,
+    )
     if page.next_after is None and window and window[0] > 1:
         return page, window[0], window  # the window held fewer: go on below it
     return page, page.next_after, None
@@ -148,17 +164,29 @@ async def jobs_page(
     task: Name = None,
     state: State = None,
     q: Annotated[str | None, Query(max_length=300)] = None,
+    tag: Annotated[str | None, Query(max_length=1200)] = None,
+    contains: Annotated[str | None, Query(max_length=2000)] = None,
     after: After = None,
     bulk: Annotated[Literal["cancel", "retry"] | None, Query()] = None,
     done: Annotated[int | None, Query(ge=0)] = None,
     skipped: Annotated[int | None, Query(ge=0)] = None,
 ) -> Response:
-    """Jobs newest first, filtered by queue, task and state, a page at a time (keyset:
-    ``after`` is the last id of the page before); ``q`` finds one job by id, by
-    idempotency key or by the unique key of a queued or running job."""
+    """Jobs newest first, filtered by queue, task, state and tags (``tag``, separated by
+    commas: jobs with all of them), a page at a time (keyset: ``after`` is the last id
+    of the page before); ``q`` finds one job by id, by idempotency key or by the unique
+    key of a queued or running job, or, given a JSON object, lists the jobs whose
+    payload contains it (``contains``, as ``GET /jobs?payload_contains=``)."""
     store = queue_of(request)
-    filters = {"queue": _blank(queue), "task": _blank(task), "state": _blank(state)}
     search = _blank(q)
+    if search and search.startswith("{"):
+        contains, search = search, None
+    filters = {
+        "queue": _blank(queue),
+        "task": _blank(task),
+        "state": _blank(state),
+        "tag": _blank(tag),
+        "contains": _blank(contains),
+    }
     not_found = None
     if search:
         found = await run_in_threadpool(_find, store, search)
@@ -170,7 +198,14 @@ async def jobs_page(
         stats: list[QueueStats] = store.stats()
         return _listing(store, filters, after), sorted(s.queue for s in stats)
 
-    (page, next_after, window), queue_names = await run_in_threadpool(read)
+    invalid: str | None = None
+    try:
+        (page, next_after, window), queue_names = await run_in_threadpool(read)
+    except ValidationError as exc:
+        # A tag or a payload filter that is not one: say so above an empty page.
+        invalid = f"{'Tag' if exc.field == 'tag' else 'Payload filter'} {exc.message}."
+        page, next_after, window = JobPage(jobs=[], next_after=None), None, None
+        queue_names = sorted(s.queue for s in await run_in_threadpool(store.stats))
     return render(
         request,
         "jobs.html",
@@ -182,6 +217,7 @@ async def jobs_page(
         after=after,
         queue_names=queue_names,
         not_found=not_found,
+        invalid=invalid,
         message=_bulk_message(bulk, done or 0, skipped or 0),
     )
 
@@ -192,12 +228,23 @@ async def jobs_fragment(
     queue: Name = None,
     task: Name = None,
     state: State = None,
+    tag: Annotated[str | None, Query(max_length=1200)] = None,
+    contains: Annotated[str | None, Query(max_length=2000)] = None,
     after: After = None,
 ) -> Response:
     """The rows of a page of jobs, polled by the jobs page (which morphs them in, so
     that the jobs ticked stay ticked)."""
-    filters = {"queue": _blank(queue), "task": _blank(task), "state": _blank(state)}
-    page, _, _ = await run_in_threadpool(_listing, queue_of(request), filters, after)
+    filters = {
+        "queue": _blank(queue),
+        "task": _blank(task),
+        "state": _blank(state),
+        "tag": _blank(tag),
+        "contains": _blank(contains),
+    }
+    try:
+        page, _, _ = await run_in_threadpool(_listing, queue_of(request), filters, after)
+    except ValidationError:
+        page = JobPage(jobs=[], next_after=None)
     return render(request, "_job_rows.html", page=page)
 
 

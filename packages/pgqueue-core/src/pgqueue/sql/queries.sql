@@ -17,10 +17,12 @@
 -- the new row, so it runs once, beside the INSERT: a CTE around the INSERT to read
 -- the queue back cost this statement a third more server time.
 INSERT INTO {schema}.active_jobs
-    (queue, task, payload, priority, run_at, max_attempts, timeout_seconds, trace_context)
+    (queue, task, payload, priority, run_at, max_attempts, timeout_seconds, trace_context,
+     tags)
 VALUES (%(queue)s, %(task)s, %(payload)s, %(priority)s,
         COALESCE(%(run_at)s, now() + make_interval(secs => %(delay_seconds)s)),
-        %(max_attempts)s, %(timeout_seconds)s, %(trace_context)s)
+        %(max_attempts)s, %(timeout_seconds)s, %(trace_context)s,
+        %(tags)s::text[])
 RETURNING id, run_at, enqueued_at, (
     SELECT pg_notify({channel_name}, waiter.queue)
     FROM {schema}.queue_waiters AS waiter
@@ -30,20 +32,23 @@ RETURNING id, run_at, enqueued_at, (
 
 -- name: job_insert_many
 -- Jobs without idempotency keys (the common case: no key to take first). Rows go in
--- in request order, so ids follow it.
+-- in request order, so ids follow it. Each job's tags come as a JSON array (NULL for
+-- none): an array of arrays must be rectangular, and one job's tags are not another's.
 WITH inserted AS (
     INSERT INTO {schema}.active_jobs
         (queue, task, payload, priority, run_at, max_attempts, timeout_seconds,
-         trace_context)
+         trace_context, tags)
     SELECT queue, task, payload, priority,
            COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
-           max_attempts, timeout_seconds, trace_context
+           max_attempts, timeout_seconds, trace_context,
+           CASE WHEN tags IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(tags)) END
     FROM unnest(
         %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[], %(priority)s::smallint[],
         %(run_at)s::timestamptz[], %(delay_seconds)s::float8[], %(max_attempts)s::int[],
-        %(timeout_seconds)s::float8[], %(trace_context)s::jsonb[]
+        %(timeout_seconds)s::float8[], %(trace_context)s::jsonb[], %(tags_json)s::jsonb[]
     ) WITH ORDINALITY AS item (queue, task, payload, priority, run_at, delay_seconds,
-                               max_attempts, timeout_seconds, trace_context, position)
+                               max_attempts, timeout_seconds, trace_context, tags,
+                               position)
     ORDER BY position
     RETURNING *
 ),
@@ -70,7 +75,7 @@ SELECT now() AS now,
 -- name: job_copy
 COPY {schema}.active_jobs
     (id, queue, task, payload, priority, run_at, max_attempts, timeout_seconds,
-     trace_context)
+     trace_context, tags)
 FROM STDIN;
 
 -- name: job_copy_runnable_now
@@ -78,7 +83,8 @@ FROM STDIN;
 -- default, now(), the transaction's clock that job_ids_reserve read. A timestamp is the
 -- dearest column of a row to format and to parse.
 COPY {schema}.active_jobs
-    (id, queue, task, payload, priority, max_attempts, timeout_seconds, trace_context)
+    (id, queue, task, payload, priority, max_attempts, timeout_seconds, trace_context,
+     tags)
 FROM STDIN;
 
 -- name: queues_wake
@@ -110,10 +116,12 @@ WITH item AS (
         %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[], %(priority)s::smallint[],
         %(run_at)s::timestamptz[], %(delay_seconds)s::float8[], %(max_attempts)s::int[],
         %(timeout_seconds)s::float8[], %(idempotency_key)s::text[],
-        %(trace_context)s::jsonb[], %(unique_key)s::text[], %(pending_dependencies)s::int[]
+        %(trace_context)s::jsonb[], %(unique_key)s::text[], %(pending_dependencies)s::int[],
+        %(tags_json)s::jsonb[]
     ) WITH ORDINALITY AS item (queue, task, payload, priority, run_at, delay_seconds,
                                max_attempts, timeout_seconds, idempotency_key,
-                               trace_context, unique_key, pending_dependencies, position)
+                               trace_context, unique_key, pending_dependencies, tags,
+                               position)
 ),
 taken AS (
     INSERT INTO {schema}.idempotency_keys (key, job_id)
@@ -126,13 +134,14 @@ taken AS (
 inserted AS (
     INSERT INTO {schema}.active_jobs
         (id, queue, task, payload, priority, state, run_at, max_attempts, timeout_seconds,
-         idempotency_key, trace_context, unique_key, pending_dependencies)
+         idempotency_key, trace_context, unique_key, pending_dependencies, tags)
     SELECT id, queue, task, payload, priority,
            -- A job with dependencies still to succeed waits (see pgqueue.dependencies).
            CASE WHEN pending_dependencies > 0 THEN 'waiting' ELSE 'queued' END::{schema}.job_state,
            COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
            max_attempts, timeout_seconds, idempotency_key, trace_context, unique_key,
-           pending_dependencies
+           pending_dependencies,
+           CASE WHEN tags IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(tags)) END
     FROM item
     WHERE idempotency_key IS NULL OR id IN (SELECT job_id FROM taken)
     ORDER BY position
@@ -346,6 +355,7 @@ RETURNING job.id, job.queue, job.task, job.payload::text AS payload, job.priorit
           job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
           job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.errors,
           job.result, job.idempotency_key, job.trace_context, job.unique_key,
+          job.tags, job.progress,
           -- Not a field of Job, after them: NULL for a job enqueued without
           -- dependencies, so the worker reads the dependencies of the others alone
           -- (job_dependencies_of_many).
@@ -547,6 +557,7 @@ RETURNING job.id, job.queue, job.task, job.payload::text AS payload, job.priorit
           job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
           job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.errors,
           job.result, job.idempotency_key, job.trace_context, job.unique_key,
+          job.tags, job.progress,
           -- Not a field of Job, after them: NULL for a job enqueued without
           -- dependencies, so the worker reads the dependencies of the others alone
           -- (job_dependencies_of_many).
@@ -737,13 +748,15 @@ moved AS (
     INSERT INTO {schema}.finished_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
-         result, idempotency_key, errors, trace_context, unique_key, has_dependents)
+         result, idempotency_key, errors, trace_context, unique_key, has_dependents,
+         tags, progress)
     SELECT id, queue, task, payload, priority,
            (CASE WHEN failure IS NULL THEN 'succeeded' ELSE 'dead' END)::{schema}.job_state,
            run_at, attempts,
            max_attempts, timeout_seconds, worker_id, enqueued_at, started_at, now(), failure,
            CASE WHEN failure IS NULL THEN outcome ELSE result END, idempotency_key,
-           coalesce(errors_now, errors), trace_context, unique_key, has_dependents
+           coalesce(errors_now, errors), trace_context, unique_key, has_dependents,
+           tags, progress
     FROM ended
 ),
 run AS (
@@ -954,11 +967,11 @@ moved AS (
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
          result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
-         has_dependents)
+         has_dependents, tags, progress)
     SELECT id, queue, task, payload, priority, 'cancelled', run_at, attempts, max_attempts,
            timeout_seconds, worker_id, enqueued_at, started_at, clock_timestamp(), last_error,
            result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
-           has_dependents
+           has_dependents, tags, progress
     FROM cancelled
     RETURNING *
 ),
@@ -1014,13 +1027,14 @@ requeued AS (
     INSERT INTO {schema}.active_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, enqueued_at, started_at, last_error, idempotency_key, errors,
-         trace_context, unique_key, has_dependents)
+         trace_context, unique_key, has_dependents, tags, progress)
     SELECT id, queue, task, payload, priority,
            CASE WHEN EXISTS (SELECT FROM {schema}.job_dependencies AS link
                              WHERE link.job_id = revived.id)
                 THEN 'waiting' ELSE 'queued' END::{schema}.job_state,
            now(), 0, max_attempts, timeout_seconds, enqueued_at, started_at, last_error,
-           idempotency_key, errors, trace_context, unique_key, has_dependents
+           idempotency_key, errors, trace_context, unique_key, has_dependents, tags,
+           progress
     FROM revived
     RETURNING *
 ),
@@ -1072,6 +1086,51 @@ SELECT * FROM {schema}.jobs
 WHERE true {filters}
 ORDER BY id DESC
 LIMIT %(limit)s;
+
+-- name: job_search
+-- job_list with a tag or payload filter ({filters} as there, with "tags @> ..." and
+-- "payload @> ..."). The queued and running jobs that match are found first, through
+-- active_jobs_tags_idx or active_jobs_payload_idx: the planner cannot tell how few
+-- rows a containment matches, and as one query over the jobs view it may prefer to walk
+-- the primary key newest first, filtering, which reads the whole backlog when the
+-- matches are few. The finished jobs are read newest first, each partition through its
+-- id index, until the page is full or history runs out (no index serves the filter
+-- there). A state filter leaves out the half that cannot hold that state.
+WITH active AS MATERIALIZED (
+    SELECT * FROM {schema}.active_jobs WHERE true {filters}
+)
+SELECT * FROM (
+    (SELECT * FROM active ORDER BY id DESC LIMIT %(limit)s)
+    UNION ALL
+    (SELECT * FROM {schema}.finished_jobs WHERE true {filters} ORDER BY id DESC
+     LIMIT %(limit)s)
+) AS found
+ORDER BY id DESC
+LIMIT %(limit)s;
+
+-- name: job_progress_write
+-- The latest progress that running handlers reported (Job.progress), for the leases
+-- given, fenced as an outcome is: a lease that was lost (reaped, cancelled) writes
+-- nothing. As a heartbeat does, it never waits for a row lock: a row another
+-- transaction holds is being finished or beaten right now, and the worker writes its
+-- progress again on its next round, so the two never wait for each other in a cycle.
+-- Returns the ids written. Touches no indexed column: a HOT update.
+WITH reported AS (
+    SELECT * FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(fractions)s::float8[],
+                         %(messages)s::text[]) AS reported (id, token, fraction, message)
+),
+held AS (
+    SELECT job.id, reported.fraction, reported.message
+    FROM {schema}.active_jobs AS job JOIN reported USING (id)
+    WHERE job.lease_token = reported.token AND job.state = 'running'
+    FOR NO KEY UPDATE OF job SKIP LOCKED
+)
+UPDATE {schema}.active_jobs AS job
+SET progress = jsonb_build_object('fraction', held.fraction, 'message', held.message,
+                                  'at', now())
+FROM held
+WHERE job.id = held.id
+RETURNING job.id;
 
 -- name: job_get_by_idempotency_key
 -- The job holding an idempotency key: one primary-key lookup, then one by id.
@@ -1931,11 +1990,11 @@ moved AS (
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
          result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
-         has_dependents)
+         has_dependents, tags, progress)
     SELECT id, queue, task, payload, priority, 'cancelled', run_at, attempts, max_attempts,
            timeout_seconds, worker_id, enqueued_at, started_at, clock_timestamp(), reason,
            result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
-           has_dependents
+           has_dependents, tags, progress
     FROM cancelled
     RETURNING *
 ),

@@ -74,7 +74,16 @@ CREATE TABLE {schema}.active_jobs (
     -- then also releases or cancels its dependents. Written, as a row update, as the
     -- transaction that names it commits, so that an ack racing that commit waits for
     -- it and sees the flag (see dependents_checked).
-    has_dependents   boolean NOT NULL DEFAULT false
+    has_dependents   boolean NOT NULL DEFAULT false,
+    -- Labels given on enqueue, at most 16 of at most 64 characters, each once, to find
+    -- jobs by (active_jobs_tags_idx). NULL for a job enqueued without any.
+    tags             text[],
+    -- The latest progress the running handler reported (Job.progress), written at
+    -- most every PROGRESS_INTERVAL by its worker, fenced by the lease: an object with
+    -- fraction (0 to 1), message (text or null) and at (when it was written). NULL
+    -- until a handler reports. Kept when the job finishes or is retried: it says how
+    -- far the last attempt got.
+    progress         jsonb
 ) WITH (
     -- Every job is updated while it runs (claim, heartbeats). Heartbeats touch only
     -- lease_expires_at, which no index references, so they can be HOT updates that stay
@@ -110,6 +119,18 @@ CREATE INDEX active_jobs_running_idx ON {schema}.active_jobs (queue, id)
 CREATE UNIQUE INDEX active_jobs_unique_key_idx ON {schema}.active_jobs (unique_key)
     WHERE unique_key IS NOT NULL;
 
+-- Finding queued and running jobs by tag (GET /jobs?tag=) and by what their payload
+-- contains (?payload_contains=, the @> operator), without reading the backlog. Only
+-- tagged jobs are in the first. These are the only indexes that every enqueue, and
+-- every claim and failed attempt (updates that change state, so not HOT), add entries
+-- to beyond the b-trees; GIN's pending list (fastupdate) keeps each addition an
+-- append, merged into the index by the frequent autovacuums of this table.
+-- finished_jobs has neither: a search of history reads its partitions.
+CREATE INDEX active_jobs_tags_idx ON {schema}.active_jobs USING gin (tags)
+    WHERE tags IS NOT NULL;
+CREATE INDEX active_jobs_payload_idx ON {schema}.active_jobs
+    USING gin (payload jsonb_path_ops);
+
 -- The same columns, in the same order, so a job moves with INSERT ... SELECT and the
 -- jobs view is a plain UNION ALL. Partitioned by state (list), each state by day of
 -- finished_at (range); see pgqueue.history for who creates and drops the days.
@@ -137,7 +158,9 @@ CREATE TABLE {schema}.finished_jobs (
     trace_context    jsonb,
     unique_key       text,           -- kept for history; held by no one once finished
     pending_dependencies integer,
-    has_dependents   boolean NOT NULL DEFAULT false
+    has_dependents   boolean NOT NULL DEFAULT false,
+    tags             text[],
+    progress         jsonb
 ) PARTITION BY LIST (state);
 
 -- Each state's days. A DEFAULT partition takes any row no day covers (a day not
@@ -559,14 +582,16 @@ BEGIN
                 (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
                  timeout_seconds, worker_id, enqueued_at, started_at, finished_at,
                  last_error, result, idempotency_key, errors, trace_context, unique_key,
-                 pending_dependencies, has_dependents)
+                 pending_dependencies, has_dependents,
+                 tags, progress)
             SELECT cancelled.id, cancelled.queue, cancelled.task, cancelled.payload,
                    cancelled.priority, 'cancelled', cancelled.run_at, cancelled.attempts,
                    cancelled.max_attempts, cancelled.timeout_seconds, cancelled.worker_id,
                    cancelled.enqueued_at, cancelled.started_at, clock_timestamp(),
                    cancelled.reason, cancelled.result, cancelled.idempotency_key,
                    cancelled.errors, cancelled.trace_context, cancelled.unique_key,
-                   cancelled.pending_dependencies, cancelled.has_dependents
+                   cancelled.pending_dependencies, cancelled.has_dependents,
+                   cancelled.tags, cancelled.progress
             FROM cancelled
             RETURNING finished_jobs.id
         ),
