@@ -1801,7 +1801,11 @@ SELECT shown.direction, shown.id, job.task, job.queue, job.state::text AS state,
            AS dependents_total
 FROM (SELECT 1) AS one
 LEFT JOIN shown ON true
-LEFT JOIN {schema}.jobs AS job ON job.id = shown.id
+-- One lookup by id per job shown. A join would let the planner, which cannot tell how
+-- few they are, read every finished job to hash or merge them in; LIMIT 1 (an id is
+-- one job) keeps it from flattening this LATERAL subquery into such a join.
+LEFT JOIN LATERAL (SELECT task, queue, state FROM {schema}.jobs WHERE id = shown.id LIMIT 1)
+    AS job ON true
 ORDER BY shown.direction, shown.id;
 
 -- name: job_workflow_get
@@ -1849,5 +1853,7 @@ SELECT nodes.id, job.task, job.queue, job.state::text AS state,
             WHERE link.depends_on = nodes.id AND link.job_id NOT IN (SELECT id FROM nodes))
        ELSE 0 END AS more_dependents
 FROM nodes
-LEFT JOIN {schema}.jobs AS job ON job.id = nodes.id
+-- One lookup by id per job, never a read of the history (see job_neighbours_get).
+LEFT JOIN LATERAL (SELECT task, queue, state FROM {schema}.jobs WHERE id = nodes.id LIMIT 1)
+    AS job ON true
 ORDER BY nodes.id;
