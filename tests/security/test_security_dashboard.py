@@ -305,6 +305,7 @@ def test_markup_does_not_run_in_a_browser(start_process, page, queue: Queue):
         "/ui/jobs?state=dead",
         f"/ui/jobs/{ids['shown']}",
         f"/ui/jobs/{ids['failed']}",
+        f"/ui/jobs/{ids['failed']}/workflow",
         "/ui/workers",
         "/ui/schedules",
     ):
