@@ -92,7 +92,8 @@ def controls(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def faults(session: nox.Session) -> None:
-    """Fault injection on private clusters (a minute of deadlock hunting); results/faults.json."""
+    """Fault injection on private clusters (a minute of deadlock hunting), then side
+    effects under chaos; results/faults.json and results/effects.json."""
     install_repo(session)
     session.run(
         "pytest",
@@ -102,6 +103,7 @@ def faults(session: nox.Session) -> None:
         *session.posargs,
         env={"PGQUEUE_FAULTS_DEADLOCK_SECONDS": "60"},
     )
+    session.run("pgqueue", "bench", "effects")
 
 
 @nox.session(python=PYTHON, default=False)

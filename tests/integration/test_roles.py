@@ -27,6 +27,7 @@ from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
 from pgqueue import BatchItem, Job, JobSpec, JobState, Queue, WorkerProtocol, migrate, migrations
+from pgqueue.effects import CompletionState
 from pgqueue.history import Day
 from pgqueue.roles import Roles, grant_roles, role_names
 from pgqueue.schedules import Schedule
@@ -481,3 +482,22 @@ def test_roles_grant_on_a_schema_not_migrated_says_so_in_one_line(database_url: 
     assert done.stderr.strip().splitlines() == [
         "Error: schema never_migrated_here is not migrated: run `pgqueue migrate` first"
     ]
+
+
+def test_a_worker_completes_and_fences_in_its_own_transaction_and_a_producer_cannot(
+    logins: Logins, queue: Queue
+) -> None:
+    protocol = WorkerProtocol(queue)
+    queue.enqueue("echo")
+    [job] = protocol.claim(["default"], ["echo"])
+    for call in (job.fence, job.complete):
+        with psycopg.connect(logins.url("producer")) as conn, pytest.raises(DENIED):
+            call(conn)
+    assert queue.get(job.id).state is JobState.RUNNING
+    with psycopg.connect(logins.url("worker")) as conn:
+        job.fence(conn)
+        job.complete(conn, "done")
+    with logins.queue("worker") as worker:
+        [check] = WorkerProtocol(worker).check_completions([job])
+    assert check.state is CompletionState.COMMITTED
+    assert queue.get(job.id).result == "done"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from hypothesis.stateful import invariant
-from machine import STATISTICS
+from machine import APPLICATION_TABLE, STATISTICS
 from psycopg import sql
 from queue_model import FINISHED, QUEUES, STATES
 
@@ -11,7 +11,8 @@ from queue_model import FINISHED, QUEUES, STATES
 class Invariants:
     """Every job as the model says, in exactly one table, none lost or duplicated; the
     dependency edges and the queues' counts as the model says; nothing queued or running
-    before its dependencies succeeded; timestamps in the order of the events."""
+    before its dependencies succeeded; timestamps in the order of the events; a handler's
+    side effects exactly once."""
 
     @invariant()
     def every_job_is_what_the_model_says(self) -> None:
@@ -116,3 +117,25 @@ class Invariants:
                 f"job {job_id} started at {started_at}, before its dependency {dependency} "
                 f"finished ({finished_at})"
             )
+
+    @invariant()
+    def the_application_rows_are_the_committed_completions(self) -> None:
+        """The application table (rules_effects.py) holds one row per job whose
+        ``job.complete`` committed, written by the attempt that completed it, and none
+        for any other job: no row of a transaction that met LeaseLost, or rolled back,
+        ever commits. Each of those jobs succeeded (if pruned since, it had)."""
+        STATISTICS.invariant_checks += 1
+        rows = self.execute(
+            sql.SQL("SELECT job_id, token FROM {} ORDER BY job_id").format(
+                self.table(APPLICATION_TABLE)
+            )
+        )
+        job_ids = [job_id for job_id, _ in rows]
+        twice = sorted({job_id for job_id in job_ids if job_ids.count(job_id) > 1})
+        assert not twice, f"jobs with more than one application row: {twice}"
+        assert dict(rows) == self.completed_in_transaction, (
+            f"application rows {dict(rows)}; the committed completions "
+            f"{self.completed_in_transaction}"
+        )
+        for job_id in job_ids:
+            assert self.model.state_of(job_id) == "succeeded", job_id

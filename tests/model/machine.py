@@ -28,6 +28,9 @@ BACKOFF_SECONDS = 0.001
 LEASE_SECONDS = 600.0
 # Where a caller's own writes go, beside the jobs it enqueues in the same transaction.
 CALLER_TABLE = "model_caller_writes"
+# Where a handler's side effects go, one row per run that completes its job in the same
+# transaction (rules_effects.py): no unique constraint, so that a second row would stay.
+APPLICATION_TABLE = "model_application_rows"
 
 STATISTICS = ModelStatistics()
 

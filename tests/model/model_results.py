@@ -26,6 +26,13 @@ class ModelStatistics:
     """Comparisons of the whole database with the model, each after a step."""
     rules: dict[str, int] = field(default_factory=dict)
     """Steps per rule, by name: what the run exercised, and how often."""
+    outcomes: dict[str, int] = field(default_factory=dict)
+    """How the steps of some rules went, by name (a completion committed, refused with
+    LeaseLost...): which of a rule's branches the run reached, and how often."""
+
+    def count(self, outcome: str) -> None:
+        """Count one ``outcome`` of a step."""
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
 
 
 def write_model_results(
@@ -44,6 +51,7 @@ def write_model_results(
         "failures": 0,
         **asdict(statistics),
         "rules": dict(sorted(statistics.rules.items())),
+        "outcomes": dict(sorted(statistics.outcomes.items())),
     }
     document.update(
         {

@@ -82,6 +82,12 @@ class Holding:
     token: uuid.UUID
     claimed: Any = field(compare=False, repr=False)
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Holding:
+        # A copy of the model (a producer's tentative view) shares the claimed Job: it
+        # is immutable, and it carries the attempt's owner (the claim's WorkerProtocol,
+        # with its pool), which job.complete needs and which cannot be copied.
+        return Holding(self.job_id, self.token, self.claimed)
+
 
 @dataclass
 class QueueModel:

@@ -11,6 +11,11 @@ Hypothesis drives pgqueue's core on real PostgreSQL through sequences of:
 - claims by two logical workers, alone and with their acks, heartbeats, acks and
   failures (current and stale leases), lease expiry and reaping, and rows inserted by
   raw SQL whose payload Python cannot decode (rules_working.py);
+- completions inside the holder's own transaction (``job.complete(conn)`` beside an
+  application row), by current and stale holders, committed, rolled back, or committed
+  after a caught ``LeaseLost``, with lease expiry, the reaper and the other worker's
+  claim racing them before they complete, and the reaper, claims and heartbeats running
+  while a completed transaction is still open (rules_effects.py);
 - cancels (and their cascades), retries (of waiting, dead and cancelled jobs, with
   dependencies met or not), pausing and resuming queues, concurrency and rate limits,
   pruning by hand and by retention across the history's day and DEFAULT partitions, and
@@ -22,7 +27,8 @@ invariants.py): each job's state, attempts, lease and its expiry, the reason of 
 cancellation by a dependency, that it is in exactly one of the two job tables, that
 nothing appeared or disappeared before it was pruned; the dependency edges and the
 queues' counts; that nothing is queued or running before its dependencies succeeded;
-that timestamps are in the order of the events. Claims must take exactly what the model
+that timestamps are in the order of the events; that the application table holds
+exactly one row per job completed in a committed transaction, none for any other. Claims must take exactly what the model
 says, so a waiting job is never claimed, nor a job of a paused queue.
 
 The only SQL the test writes itself stands for time passing (a lease's expiry, a job's
@@ -46,9 +52,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 from invariants import Invariants
-from machine import CALLER_TABLE, STATISTICS, MachineBase
+from machine import APPLICATION_TABLE, CALLER_TABLE, STATISTICS, MachineBase
 from model_results import write_model_results
 from psycopg import sql
+from rules_effects import EffectsRules
 from rules_operating import OperatingRules
 from rules_producing import ProducingRules
 from rules_schedules import ScheduleRules
@@ -58,7 +65,13 @@ from pgqueue import migrate
 
 
 class QueueMachine(
-    ProducingRules, WorkingRules, OperatingRules, ScheduleRules, Invariants, MachineBase
+    ProducingRules,
+    WorkingRules,
+    EffectsRules,
+    OperatingRules,
+    ScheduleRules,
+    Invariants,
+    MachineBase,
 ):
     """One example: a schema as new, a queue on it, the model beside it, and every rule."""
 
@@ -71,6 +84,11 @@ def machine(database_url: str):
         conn.execute(
             sql.SQL("CREATE TABLE {} (note text NOT NULL)").format(
                 sql.Identifier(schema, CALLER_TABLE)
+            )
+        )
+        conn.execute(
+            sql.SQL("CREATE TABLE {} (job_id bigint NOT NULL, token uuid NOT NULL)").format(
+                sql.Identifier(schema, APPLICATION_TABLE)
             )
         )
     # A statement that waits this long is a defect to report, not a reason to hang.

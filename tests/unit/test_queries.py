@@ -31,6 +31,7 @@ PARTS = {
     "history_day_drop": {"partition": sql.Identifier("p")},
     "job_list": {"filters": sql.SQL("")},
     "job_prune": {"table": sql.Identifier("finished_jobs")},
+    "lease_lost_raise": {"message": sql.Literal("lost")},
 }
 
 

@@ -7,6 +7,7 @@ import click
 from pgqueue_bench.api_load import api_command
 from pgqueue_bench.controls import controls_command
 from pgqueue_bench.crash import crash_command
+from pgqueue_bench.effects import effects_command
 from pgqueue_bench.enqueue import enqueue_command
 from pgqueue_bench.latency import latency_command
 from pgqueue_bench.plot import plot_command
@@ -34,6 +35,7 @@ bench.add_command(enqueue_command)
 bench.add_command(api_command)
 bench.add_command(ui_command)
 bench.add_command(soak_command)
+bench.add_command(effects_command)
 bench.add_command(unserved_command)
 bench.add_command(plot_command)
 bench.add_command(report_command)

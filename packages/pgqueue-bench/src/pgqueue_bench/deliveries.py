@@ -26,33 +26,55 @@ from pgqueue_bench.queries import one_row, schema_statement
 INVOCATION_LOG_PREFIX = "invocations-"
 
 
+class ThreadConnections:
+    """One autocommit connection to ``url`` per handler thread, made on first use and
+    made again after the server went away (killed, restarted, or the backend
+    terminated): what a handler's own pool of connections amounts to."""
+
+    def __init__(self, url: str, *, application_name: str | None = None) -> None:
+        self.url = url
+        self.application_name = application_name
+        self._local = threading.local()
+
+    def get(self) -> psycopg.Connection:
+        """This thread's connection."""
+        conn: psycopg.Connection | None = getattr(self._local, "conn", None)
+        if conn is None or conn.closed:
+            # A None application_name is left out of the connection string.
+            conn = psycopg.connect(
+                self.url,
+                autocommit=True,
+                connect_timeout=5,
+                application_name=self.application_name,
+            )
+            self._local.conn = conn
+        return conn
+
+    def discard(self) -> None:
+        """Close this thread's connection after an error, so that the next
+        :meth:`get` starts afresh."""
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            conn.close()
+
+
 class DeliveryRecorder:
     """Writes delivery rows into ``schema`` on ``url``, one autocommit connection per
     handler thread, reconnecting after the server went away."""
 
     def __init__(self, url: str, schema: str) -> None:
-        self.url = url
         self.insert = schema_statement("delivery_record", schema)
-        self._local = threading.local()
-
-    def _connection(self) -> psycopg.Connection:
-        conn = getattr(self._local, "conn", None)
-        if conn is None or conn.closed:
-            conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
-            self._local.conn = conn
-        return conn
+        self._connections = ThreadConnections(url)
 
     def record(self, job_id: int, attempt: int) -> None:
         """Commit one delivery row. Raises psycopg errors; the connection is dropped
         then, so the next call starts afresh."""
         try:
-            self._connection().execute(
+            self._connections.get().execute(
                 self.insert, {"job_id": job_id, "attempt": attempt, "pid": os.getpid()}
             )
         except psycopg.Error:
-            conn = getattr(self._local, "conn", None)
-            if conn is not None:
-                conn.close()
+            self._connections.discard()
             raise
 
 
@@ -74,11 +96,13 @@ class InvocationLog:
 
 class LazyInvocationLog:
     """An :class:`InvocationLog` in the directory that the environment variable
-    ``variable`` names, opened at the first invocation of the worker process (a
-    plugin module is imported before it knows where to log); nothing when unset."""
+    ``variable`` names (in its ``subdirectory``, if given, made when missing), opened
+    at the first invocation of the worker process (a plugin module is imported before
+    it knows where to log); nothing when unset."""
 
-    def __init__(self, variable: str) -> None:
+    def __init__(self, variable: str, subdirectory: str | None = None) -> None:
         self.variable = variable
+        self.subdirectory = subdirectory
         self._lock = threading.Lock()
         self._log: InvocationLog | None = None
 
@@ -89,7 +113,11 @@ class LazyInvocationLog:
             return
         with self._lock:
             if self._log is None:
-                self._log = InvocationLog(directory)
+                path = Path(directory)
+                if self.subdirectory:
+                    path = path / self.subdirectory
+                    path.mkdir(parents=True, exist_ok=True)
+                self._log = InvocationLog(path)
         self._log.append(job_id, attempt, lease_token)
 
 

@@ -1,11 +1,12 @@
 """The results page's sections of the durability runs: workers killed (crash), the
-server restarted (restart), the fault scenarios per PostgreSQL version (faults) and the
-state-machine model test (model), with the footers of the last two, whose documents
-say where they ran in their own way.
+server restarted (restart), side effects under chaos (effects), the fault scenarios per
+PostgreSQL version (faults) and the state-machine model test (model), with the footers
+of the last two, whose documents say where they ran in their own way.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from pgqueue_bench.report_tables import number, table
@@ -79,6 +80,107 @@ def restart_section(document: dict[str, Any]) -> list[str]:
         ),
         "",
     ]
+
+
+# The effects run's table: its rows (the fenced handler's two ways, then both handlers)
+# and its columns, each a figure of handler_figures (pgqueue_bench.effects).
+EFFECTS_ROWS = (
+    ("fenced, `with job.transaction()`", ("fenced", "transaction")),
+    ("fenced, `job.complete(conn)` on its own connection", ("fenced", "own_connection")),
+    ("**fenced**, both ways", ("fenced", None)),
+    ("**plain**: insert, then return", ("plain", None)),
+)
+EFFECTS_COLUMNS = (
+    ("succeeded", "jobs_succeeded"),
+    ("handler runs", "handler_runs"),
+    ("rows", "rows"),
+    ("missing", "missing"),
+    ("duplicated", "duplicated"),
+    ("jobs with duplicates", "jobs_duplicated"),
+    ("completions refused", "completions_refused"),
+)
+EFFECTS_FAULTS = (
+    ("worker_sigkill", "a worker SIGKILLed"),
+    ("worker_sigstop", "a worker SIGSTOPped past its lease, then SIGCONTed"),
+    ("terminate_backends", "`pg_terminate_backend` of every worker and handler connection"),
+    ("server_crash", "`pg_ctl stop -m immediate`, then start"),
+)
+
+
+def effects_section(document: dict[str, Any]) -> list[str]:
+    """The latest effects run: per handler (and per way of the fenced one), the rows
+    its jobs left in the application table, then the faults it ran under."""
+    params, run = document["parameters"], document["runs"][-1]
+    summary = document.get("summary", {})
+    rows = []
+    for title, (handler, way) in EFFECTS_ROWS:
+        figures = run["handlers"][handler]
+        if way is not None:
+            figures = figures.get("by_way", {}).get(way)
+            if figures is None:
+                continue
+        succeeded = f"{_count(figures['jobs_succeeded'])}/{_count(figures['jobs'])}"
+        rows.append([title, succeeded, *(_count(figures[key]) for _, key in EFFECTS_COLUMNS[1:])])
+    injected = run.get("faults_injected", {})
+    faults = "; ".join(f"{what}: {_count(injected.get(kind, 0))}" for kind, what in EFFECTS_FAULTS)
+    low, high = params.get("work_ms", (0, 0))
+    every_low, every_high = params.get("fault_every", (0, 0))
+    verdict = "passed" if summary.get("passed") else "failed"
+    return [
+        f"### {EFFECTS_HEADING}",
+        "",
+        f"{params.get('jobs'):,} jobs per handler, interleaved on one queue, "
+        f"{params.get('workers')} worker processes (concurrency {params.get('concurrency')}), "
+        f"lease {params.get('lease_seconds'):g} s, on a private cluster. Each handler inserts "
+        "a row into an application table without a unique constraint, then works "
+        f"{low:g}-{high:g} ms: the **fenced** one in the transaction that completes its job, "
+        "fenced by the attempt's lease (half its jobs each way); the **plain** one in a "
+        "transaction of its own, then returns and the worker acks. Until every job had "
+        f"finished, a fault every {every_low:g}-{every_high:g} s, in rounds of the four in a "
+        f"random order ({faults}). **missing**: jobs without a row; **duplicated**: rows "
+        "beyond the first of each job; **completions refused**: `job.complete` calls that "
+        "raised `LeaseLost` (the attempt had lost its lease) and rolled their row back.",
+        "",
+        *table(["handler", *(title for title, _ in EFFECTS_COLUMNS)], rows),
+        "",
+        f"Verdict: {verdict}. Jobs completed twice in the audit trail: "
+        f"{_count(run.get('completed_twice'))}. From every worker serving to the last job's "
+        f"finish: {number(run.get('wall_seconds'), 1)} s, with "
+        f"{_count(run.get('workers_started'))} worker processes started in all "
+        "(`pgqueue bench effects`).",
+        "",
+    ]
+
+
+EFFECTS_HEADING = "Side effects: exactly once when the handler completes in its transaction"
+
+
+def effects_readme(document: dict[str, Any] | None) -> str:
+    """The README's sentence of the latest effects run's figures, under its guarantees
+    (empty without a run): both handlers' rows, missing and duplicated, and the faults."""
+    if not document or not document.get("runs"):
+        return ""
+    params, run = document["parameters"], document["runs"][-1]
+    fenced, plain = run["handlers"]["fenced"], run["handlers"]["plain"]
+    pg = document.get("environment", {}).get("postgresql", {})
+    version = (pg.get("version") or "PostgreSQL ?").split(" on ")[0]
+    injected = run.get("faults_injected", {})
+    faults = "; ".join(f"{what}: {_count(injected.get(kind, 0))}" for kind, what in EFFECTS_FAULTS)
+    anchor = re.sub(r"[^\w\- ]", "", EFFECTS_HEADING.lower()).replace(" ", "-")
+    return (
+        f"Measured (`pgqueue bench effects`, {version} on a private cluster, "
+        f"{document.get('created_at', '')[:10]}): {params.get('jobs'):,} jobs of each of two "
+        f"handlers, interleaved, under {_count(sum(injected.values()))} faults while they "
+        f"ran ({faults}). The handler that writes its row and completes its job in the same "
+        f"transaction left {_count(fenced['rows'])} rows for its "
+        f"{_count(fenced['jobs_succeeded'])} succeeded jobs: **{_count(fenced['missing'])} "
+        f"missing, {_count(fenced['duplicated'])} duplicated** "
+        f"({_count(fenced['completions_refused'])} stale completions refused with "
+        "`LeaseLost`, their rows rolled back). The handler that writes, then returns, left "
+        f"{_count(plain['rows'])} rows for its {_count(plain['jobs_succeeded'])}: "
+        f"{_count(plain['missing'])} missing, {_count(plain['duplicated'])} duplicated "
+        f"([figures](results/README.md#{anchor}), `results/effects.json`).\n"
+    )
 
 
 # The figures every fault scenario reports (tests/faults/fault_support.py, Verdict.figures);
@@ -236,6 +338,10 @@ def faults_footer(document: dict[str, Any]) -> str:
     )
 
 
+# The model's rule that completes jobs in a holder's own transaction (tests/model).
+COMPLETION_RULE = "complete_pending"
+
+
 def model_versions(document: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """The model document's per-version runs, newest major first."""
     versions = document.get("postgresql") or {}
@@ -247,7 +353,9 @@ def model_versions(document: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]
 
 
 def model_section(document: dict[str, Any]) -> list[str]:
-    """One row per PostgreSQL version the state-machine model ran on."""
+    """One row per PostgreSQL version the state-machine model ran on, under what it
+    drives: the completions in a holder's own transaction only if the recorded runs
+    had that rule (a run of an older model did not)."""
     rows = [
         [
             f"PostgreSQL {major}",
@@ -259,6 +367,18 @@ def model_section(document: dict[str, Any]) -> list[str]:
         ]
         for major, run in model_versions(document)
     ]
+    completed = all(
+        run.get("rules", {}).get(COMPLETION_RULE) for _, run in model_versions(document)
+    )
+    completions = (
+        "completions with an application row in the holder's own transaction "
+        "(`job.complete`), raced by lease expiry, the reaper and the other worker, "
+        if completed
+        else ""
+    )
+    rows_checked = (
+        ", one application row per job completed in a committed transaction" if completed else ""
+    )
     return [
         "### The state machine against its model",
         "",
@@ -266,12 +386,12 @@ def model_section(document: dict[str, Any]) -> list[str]:
         "enqueues of every kind (idempotency and unique keys, dependency graphs, batches), "
         "through the pool or inside a caller's own transaction that commits or rolls back, "
         "claims by two workers, heartbeats, acks and failures (current and stale leases), "
-        "lease expiry, reaping, cancels and their cascades, retries that wait for "
+        f"{completions}lease expiry, reaping, cancels and their cascades, retries that wait for "
         "dependencies, pauses, concurrency and rate limits, schedules' ticks, pruning "
         "across the history's days and rows Python cannot decode, and compares every job "
         "and every count with a model after each step, with nothing run before its "
-        "dependencies succeeded and timestamps in the order of events (`tests/model`, "
-        "`nox -s model`).",
+        f"dependencies succeeded{rows_checked} and timestamps in the order of events "
+        "(`tests/model`, `nox -s model`).",
         "",
         *table(["server", "ran", "examples", "steps", "invariant checks", "failures"], rows),
         "",

@@ -34,6 +34,7 @@ from pgqueue_bench import audit, environment, netns, plot_soak, results, soak_sa
 from pgqueue_bench.apiserver import api_server
 from pgqueue_bench.binaries import binaries_for
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.options import seconds_range
 from pgqueue_bench.servers import LOOPBACK, SUPERUSER, PrivateServer, quiet_pool_logs
 from pgqueue_bench.soak_chaos import Chaos
 from pgqueue_bench.soak_evidence import collect_evidence
@@ -312,23 +313,13 @@ def document(run: SoakRun, verdict: dict[str, Any]) -> dict[str, Any]:
     )
 
 
-def _fault_every(ctx: click.Context, param: click.Parameter, value: str) -> tuple[float, float]:
-    try:
-        low, high = (float(part) for part in value.split("-"))
-    except ValueError:
-        raise click.BadParameter("give MIN-MAX seconds, such as 60-180") from None
-    if not 0 < low <= high:
-        raise click.BadParameter("MIN must be positive and at most MAX")
-    return low, high
-
-
 @click.command("soak")
 @click.option("--minutes", type=click.FloatRange(min=1), default=60, show_default=True)
 @click.option(
     "--fault-every",
     default="60-180",
     show_default=True,
-    callback=_fault_every,
+    callback=seconds_range,
     metavar="MIN-MAX",
     help="Seconds of quiet before each fault, drawn at random from this range.",
 )

@@ -65,7 +65,11 @@ def database_clock(url: str) -> tuple[datetime, str]:
 
 
 class Chaos:
-    """Injects faults into one soak's cluster and workers."""
+    """Injects faults into one soak's cluster and workers.
+
+    ``kinds`` narrows the faults to some of :data:`FAULT_KINDS` (default: all this
+    run can inject); ``applications`` are the ``application_name`` of the connections
+    that ``terminate_backends`` and ``backend_kill`` aim at (default: the worker's)."""
 
     def __init__(
         self,
@@ -77,7 +81,12 @@ class Chaos:
         started: float,
         isolated: WorkerFleet | None = None,
         network: IsolatedNetwork | None = None,
+        kinds: tuple[str, ...] | None = None,
+        applications: tuple[str, ...] = WORKER_APPLICATIONS,
     ) -> None:
+        unknown = set(kinds or ()) - set(FAULT_KINDS)
+        if unknown:
+            raise ValueError(f"unknown fault kinds: {', '.join(sorted(unknown))}")
         self.server = server
         self.fleet = fleet
         self.lease_seconds = lease_seconds
@@ -85,14 +94,18 @@ class Chaos:
         self.started = started
         self.isolated = isolated
         self.network = network
+        self.chosen_kinds = kinds
+        self.applications = applications
         self.faults: list[dict[str, Any]] = []
 
     @property
     def kinds(self) -> tuple[str, ...]:
-        """The faults this soak can inject: the blackhole needs the isolated worker."""
+        """The faults this run can inject (those chosen, if some were): the blackhole
+        needs the isolated worker."""
+        kinds = self.chosen_kinds or FAULT_KINDS
         if self.network is None or self.isolated is None:
-            return tuple(kind for kind in FAULT_KINDS if kind != "blackhole")
-        return FAULT_KINDS
+            return tuple(kind for kind in kinds if kind != "blackhole")
+        return kinds
 
     @property
     def longest_fault_seconds(self) -> float:
@@ -159,7 +172,7 @@ class Chaos:
 
     def _backend_kill(self) -> dict[str, Any]:
         candidates = [
-            (pid, name) for name in WORKER_APPLICATIONS for pid in self.server.backend_pids(name)
+            (pid, name) for name in self.applications for pid in self.server.backend_pids(name)
         ]
         if not candidates:
             raise RuntimeError("no worker backend to kill")
@@ -177,7 +190,7 @@ class Chaos:
         }
 
     def _terminate_backends(self) -> dict[str, Any]:
-        terminated = {name: self.server.terminate_backends(name) for name in WORKER_APPLICATIONS}
+        terminated = {name: self.server.terminate_backends(name) for name in self.applications}
         return {"terminated": terminated}
 
     def _read_only(self) -> dict[str, Any]:

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import psycopg
 import psycopg.errors
 
-from pgqueue import jsonb, queries, validation
+from pgqueue import effects, jsonb, queries, validation
+from pgqueue.effects import AttemptOwner, ConnectionLender
 from pgqueue.errors import ValidationError, error_line
 from pgqueue.job import Job, JobState, Lease
 from pgqueue.outcomes import OutcomeBatch, undecodable_payload_error
@@ -51,6 +52,9 @@ class ClaimMethods(QueueBase):
     worker calls to get jobs and keep them."""
 
     _queues_with_settings: dict[tuple[str, ...], bool]
+    lender: ConnectionLender | None
+    """Lends the jobs this claims their connection for ``job.transaction()`` (a worker
+    sets it); None: they have none to lend."""
     _unwritten_refusals: list[tuple[Job, str]]
     """Claimed jobs whose payload could not be decoded, with their error, whose failed
     attempt could not be written yet: the next claim writes it (see
@@ -223,7 +227,7 @@ class ClaimMethods(QueueBase):
         times.execute(self._sql("job_claim_times"), params)
 
         def read() -> list[Job]:
-            jobs, settings = _claimed_jobs(rows, times, params)
+            jobs, settings = _claimed_jobs(rows, times, params, self)
             self._queues_with_settings[key] = settings
             return jobs
 
@@ -294,11 +298,15 @@ def _claim_params(
 
 
 def _claimed_jobs(
-    cur: psycopg.Cursor, times_cur: psycopg.Cursor, params: Mapping[str, Any]
+    cur: psycopg.Cursor,
+    times_cur: psycopg.Cursor,
+    params: Mapping[str, Any],
+    owner: AttemptOwner,
 ) -> tuple[list[Job], bool]:
     """The jobs a claim just returned on ``cur`` (a tuple-row cursor), with the times
     job_claim_times returned on ``times_cur``, in claim order (UPDATE ... RETURNING
-    does not keep the claim CTE's order); and whether one of the queues has settings."""
+    does not keep the claim CTE's order); and whether one of the queues has settings.
+    Each knows ``owner``, who claimed it, for job.complete and its siblings."""
     started_at, lease_expires_at, settings = times_cur.fetchone()  # type: ignore[misc]
     result = cur.pgresult
     if result is None or not result.nfields or not result.ntuples:
@@ -309,6 +317,7 @@ def _claimed_jobs(
         "worker_id": params["worker_id"],
         "started_at": started_at,
         "lease_expires_at": lease_expires_at,
+        effects.OWNER: owner,
     }
     # Column names straight from the result: cur.description builds a Column object per
     # column on every call.

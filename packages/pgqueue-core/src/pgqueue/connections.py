@@ -125,11 +125,18 @@ def sibling_pool(
 
 
 def async_sibling_pool(
-    pool: psycopg_pool.ConnectionPool, *, name: str, max_size: int, timeout: float
+    pool: psycopg_pool.ConnectionPool,
+    *,
+    name: str,
+    max_size: int,
+    timeout: float,
+    application_name: str | None = None,
 ) -> psycopg_pool.AsyncConnectionPool:
     """An asyncio pool, not yet opened, of autocommit connections made as ``pool``'s
-    are (see :class:`pgqueue.AsyncProducer`)."""
+    are (see :class:`pgqueue.AsyncProducer`), under ``application_name`` if given."""
     conninfo, kwargs = settings_of(pool)
+    if application_name is not None:
+        kwargs = {**kwargs, "application_name": application_name}
     return psycopg_pool.AsyncConnectionPool(
         conninfo,
         kwargs={**kwargs, "autocommit": True},

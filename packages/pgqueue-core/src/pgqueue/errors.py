@@ -91,11 +91,23 @@ class LeaseLost(PgQueueError):
     The caller's outcome for this attempt was not written, and must not be.
     """
 
-    def __init__(self, job_id: int) -> None:
+    def __init__(self, job_id: int, consequence: str = "outcome discarded") -> None:
         super().__init__(
-            f"lease on job {job_id} was lost (reaped, cancelled or claimed again); outcome discarded"
+            f"lease on job {job_id} was lost (reaped, cancelled or claimed again); {consequence}"
         )
         self.job_id = job_id
+
+
+class NotAnAttempt(PgQueueError):
+    """``job.complete``, ``fence``, ``effect_key``, ``set_result`` or ``transaction``
+    was called on a job that is not a running attempt handed out by a claim (one read
+    back with ``Queue.get``, say), or ``transaction`` on one whose worker lends no
+    connections."""
+
+    def __init__(self, job_id: int, method: str, why: str) -> None:
+        super().__init__(f"job.{method}() on job {job_id}: {why}")
+        self.job_id = job_id
+        self.method = method
 
 
 @dataclass(frozen=True)

@@ -5,11 +5,14 @@ from __future__ import annotations
 import enum
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager, AbstractContextManager
 from dataclasses import dataclass, fields
 from datetime import datetime
 from operator import itemgetter
-from typing import Any
+from typing import Any, overload
+
+import psycopg
 
 
 class JobState(enum.StrEnum):
@@ -221,6 +224,123 @@ class Job:
         if event is not None:
             event.set()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """What a pickled or copied job keeps: the row's fields. What a claim attached to
+        the running attempt (its owner, with the claimer's pool, its completions, its
+        cancellation event) stays with the original, so that a job can still be handed
+        to a process pool or deep-copied; on a copy, ``complete``, ``fence``,
+        ``effect_key`` and ``transaction`` raise :class:`~pgqueue.errors.NotAnAttempt`."""
+        return {name: self.__dict__[name] for name in _JOB_FIELDS}
+
+    # -- effects: completing in the caller's transaction ------------------------------
+    # Only for the running attempt a claim handed out (a worker, WorkerProtocol.claim,
+    # pytest-pgqueue's pgqueue_claim), which knows its schema: see pgqueue.effects.
+
+    @overload
+    def complete(self, conn: psycopg.Connection[Any], result: Any = None) -> None: ...
+
+    @overload
+    def complete(
+        self, conn: psycopg.AsyncConnection[Any], result: Any = None
+    ) -> Coroutine[Any, Any, None]: ...
+
+    def complete(
+        self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any], result: Any = None
+    ) -> Coroutine[Any, Any, None] | None:
+        """Mark this attempt's job succeeded with ``result``, in the transaction open on
+        ``conn`` (any psycopg connection to the queue's database; with an
+        ``AsyncConnection``, await the call), fenced by the attempt's lease: the
+        handler's own writes in that transaction and the job's completion commit
+        together, or neither does.
+
+        If the lease is no longer this attempt's (reaped after a stall, cancelled,
+        claimed again), raises :class:`~pgqueue.LeaseLost` after failing the
+        transaction with an error of PostgreSQL's own: nothing of it can commit, even if
+        the caller catches LeaseLost. A result that cannot be stored (not JSON,
+        NaN/Infinity, NUL, over the queue's ``max_result_bytes``) raises
+        :class:`~pgqueue.ValidationError` before anything is sent.
+
+        Once that transaction has committed, the worker writes nothing more for the
+        attempt: what the handler returns (or raises) afterwards is ignored,
+        ``on_success`` runs once with ``result``. If it rolls back and the handler
+        returns, the attempt fails and is retried. Call it once per transaction, and
+        leave no transaction open when the handler returns. On a connection in
+        autocommit mode, outside a transaction block, the completion commits at once,
+        alone.
+        """
+        from pgqueue import effects
+
+        if isinstance(conn, psycopg.AsyncConnection):
+            return effects.complete_async(self, conn, result)
+        _check_connection(conn)
+        effects.complete(self, conn, result)
+        return None
+
+    @overload
+    def fence(self, conn: psycopg.Connection[Any]) -> None: ...
+
+    @overload
+    def fence(self, conn: psycopg.AsyncConnection[Any]) -> Coroutine[Any, Any, None]: ...
+
+    def fence(
+        self, conn: psycopg.Connection[Any] | psycopg.AsyncConnection[Any]
+    ) -> Coroutine[Any, Any, None] | None:
+        """Hold this attempt's job in the transaction open on ``conn`` (await it with an
+        ``AsyncConnection``), for writes that must not outlive the lease when the job's
+        completion comes later (an ack when the handler returns, or ``complete`` in a
+        later transaction).
+
+        Raises :class:`~pgqueue.LeaseLost`, failing the transaction as ``complete``
+        does, if the lease is already gone. Otherwise, until that transaction ends, the
+        reaper cannot take the job (even past its lease) and a cancel of it waits, while
+        the worker's heartbeat goes on extending the lease; the worker's own ack of the
+        attempt waits too, so commit before the handler returns. Under REPEATABLE READ
+        or SERIALIZABLE, a heartbeat since the transaction's snapshot makes it fail with
+        a serialization error, to be retried as any.
+        """
+        from pgqueue import effects
+
+        if isinstance(conn, psycopg.AsyncConnection):
+            return effects.fence_async(self, conn)
+        _check_connection(conn)
+        effects.fence(self, conn)
+        return None
+
+    def effect_key(self, name: str) -> str:
+        """A key for the effect ``name`` of this job outside the database (an HTTP
+        ``Idempotency-Key`` header, a payment provider's idempotency token): the same
+        on every attempt of this job, distinct between jobs (of any schema, and a job
+        id reused after the schema was made again) and between names. A UUID in text,
+        36 ASCII characters, which idempotency keys everywhere accept."""
+        from pgqueue import effects
+
+        return effects.effect_key(self, name)
+
+    def set_result(self, value: Any) -> None:
+        """The result :meth:`transaction` and :meth:`atransaction` complete the job with
+        on a clean exit (None until set). Raises :class:`~pgqueue.ValidationError` at
+        once for a result that cannot be stored."""
+        from pgqueue import effects
+
+        effects.set_result(self, value)
+
+    def transaction(self) -> AbstractContextManager[psycopg.Connection[Any]]:
+        """``with job.transaction() as conn:``, a connection lent by the worker running
+        this attempt, in a transaction: on a clean exit the job is completed (as by
+        :meth:`complete`, with the value given to :meth:`set_result`) in that same
+        transaction, which then commits; an exception rolls everything back. For
+        handlers that have no pool of their own."""
+        from pgqueue import effects
+
+        return effects.transaction(self)
+
+    def atransaction(self) -> AbstractAsyncContextManager[psycopg.AsyncConnection[Any]]:
+        """``async with job.atransaction() as conn:``, :meth:`transaction` for ``async
+        def`` handlers, on a psycopg ``AsyncConnection``."""
+        from pgqueue import effects
+
+        return effects.atransaction(self)
+
     def to_dict(self) -> dict[str, Any]:
         """The job as plain JSON-friendly values (ISO timestamps, string token)."""
         out: dict[str, Any] = {}
@@ -232,6 +352,13 @@ class Job:
                 value = value.value if isinstance(value, JobState) else str(value)
             out[f.name] = value
         return out
+
+
+def _check_connection(conn: object) -> None:
+    if not isinstance(conn, psycopg.Connection):
+        raise TypeError(
+            f"expected a psycopg Connection or AsyncConnection, not {type(conn).__name__}"
+        )
 
 
 _JOB_FIELDS = tuple(f.name for f in fields(Job))

@@ -16,8 +16,9 @@ from typing import Any, NamedTuple, cast
 
 import psycopg
 
-from pgqueue import dependencies, jsonb, queries, validation
+from pgqueue import dependencies, effects, jsonb, queries, validation
 from pgqueue.backoff import backoff_seconds
+from pgqueue.effects import CompletionCheck
 from pgqueue.errors import LeaseLost, ValidationError
 from pgqueue.job import Job, JobState, Lease
 from pgqueue.locks import advisory_key
@@ -181,6 +182,26 @@ class OutcomeMethods(QueueBase):
             lost=[lease.job_id for lease in lost],
             lost_leases=lost,
         )
+
+    def check_completions(self, jobs: Sequence[Job]) -> list[CompletionCheck]:
+        """What became of the completions each of ``jobs`` made in its handler's
+        transaction (``job.complete``, ``job.transaction()``), one statement for all,
+        in order: committed (with the job as it left it), still open, or not committed.
+        Runs no hook: :meth:`settle_completed` does, once the caller has decided.
+
+        A loop of your own that runs handlers asks this, for each job whose handler
+        completed it (:func:`pgqueue.effects.completions` is not empty), instead of
+        acking it: a committed one needs nothing more; one not committed is a failed
+        attempt; one still open is asked about again later."""
+        if not jobs:
+            return []
+        with self._connection() as conn:
+            return effects.check_completions(conn, self.schema, jobs)
+
+    def settle_completed(self, jobs: Iterable[Job]) -> None:
+        """Run ``on_success`` for ``jobs``, each completed by its handler in a
+        transaction that committed (as :meth:`check_completions` returns them)."""
+        self._notify_each("on_success", ({"job": job, "result": job.result} for job in jobs))
 
     def reap(self, limit: int = 1000) -> list[Job] | None:
         """Return expired leases to queued (with backoff) or dead; one reaper at a time.

@@ -38,6 +38,10 @@ class WorkerProtocol(ClaimMethods, OutcomeMethods):
         self.max_payload_bytes = queue.max_payload_bytes
         self.max_result_bytes = queue.max_result_bytes
         self.statement_timeout = queue.statement_timeout
+        self.lender = None
+        """Lends ``job.transaction()`` and ``job.atransaction()`` of the jobs claimed
+        through this protocol their connection: the worker running them sets it (see
+        :class:`pgqueue.effects.ConnectionLender`)."""
         self._queues_with_settings = {}
         """Per list of queues claimed together, whether one of them had settings at the
         last claim (see ClaimMethods._send_claim)."""

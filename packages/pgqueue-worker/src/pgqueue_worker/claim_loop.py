@@ -18,7 +18,7 @@ import queue as queue_module
 import time
 from typing import TYPE_CHECKING
 
-from pgqueue import DatabaseUnavailable, WorkerProtocol
+from pgqueue import DatabaseUnavailable, WorkerProtocol, effects
 from pgqueue_worker.claim_policy import ClaimPolicy
 from pgqueue_worker.claims import Claimer, ClaimResult
 from pgqueue_worker.executor import Executor
@@ -241,7 +241,14 @@ class ClaimLoop:
         claim = self.claim_policy.next_claim(now, stopping=self._stop_requested, idle=idle)
         outcomes = self.in_flight.take_unsent() if self.in_flight.unsent else []
         acks: list[Outcome] = []
-        if claim is not None and idle and len(outcomes) == 1 and outcomes[0].error is None:
+        if (
+            claim is not None
+            and idle
+            and len(outcomes) == 1
+            and outcomes[0].error is None
+            # A job its handler completed is asked about, not acked: the writer's.
+            and not effects.completions(outcomes[0].attempt.job)
+        ):
             acks, outcomes = outcomes, []
         if outcomes:
             writer.submit(outcomes)

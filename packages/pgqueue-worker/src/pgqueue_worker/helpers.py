@@ -22,6 +22,7 @@ from pgqueue_worker.executor import Attempt, Executor
 from pgqueue_worker.handover import Handover
 from pgqueue_worker.heartbeat import Heartbeat
 from pgqueue_worker.leases import LeaseSet
+from pgqueue_worker.lending import HandlerConnections
 from pgqueue_worker.outage import DatabaseHealth
 from pgqueue_worker.outcomes import OutcomeWriter
 from pgqueue_worker.pruner import Pruner
@@ -74,6 +75,14 @@ class Helpers:
             on_running=self._handler_running,
             async_size=worker.async_concurrency,
         )
+        # Connections for handlers' job.transaction() and job.atransaction(), one per
+        # handler slot at most, opened when a handler first asks (see lending.py).
+        self.lender = HandlerConnections(
+            queue,
+            size=worker.concurrency,
+            async_size=min(worker.async_concurrency, worker.concurrency),
+        )
+        protocol.lender = self.lender
         self.writer = OutcomeWriter(
             protocol,
             health=health,
@@ -188,6 +197,8 @@ class Helpers:
             with suppress(Exception):
                 self._protocol.forget_waiters(self.claimer.waiters.values())
             deregister(self._queue, self._me)
+        # Before the slots' event loop stops: the asyncio pool closes on it.
+        self.lender.close()
         self.executor.shutdown()
         self._heartbeat_queue.pool.close(timeout=HELPER_STOP_SECONDS)
 

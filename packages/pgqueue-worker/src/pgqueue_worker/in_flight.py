@@ -15,12 +15,14 @@ from collections import Counter
 from itertools import chain
 from typing import Any
 
-from pgqueue import Job, Lease, TaskHandler
+from pgqueue import Job, Lease, TaskHandler, effects
 from pgqueue_worker.executor import Attempt, Executor
 from pgqueue_worker.leases import LeaseSet
 from pgqueue_worker.outcomes import Outcome, WriteReport
 
 log = logging.getLogger("pgqueue.worker")
+
+LOST = "lost its lease"
 
 
 class InFlightAttempts:
@@ -75,6 +77,17 @@ class InFlightAttempts:
         """The handler of ``attempt`` returned ``result`` or raised ``error``: its
         outcome waits to be written, unless the attempt was abandoned meanwhile."""
         attempt.returned = True
+        if (
+            attempt.abandoned is not None
+            and attempt.lease not in self.pending
+            and attempt.abandoned == LOST
+            and effects.completions(attempt.job)
+        ):
+            # Its lease was found gone as the handler's own completion committed (on a
+            # connection in autocommit mode, before the completion was recorded): the
+            # writer asks whether it did.
+            self._wait_to_write(Outcome(attempt, result, error))
+            return
         if attempt.abandoned is not None:
             log.info(
                 "job %s attempt %s returned after it was %s; outcome discarded",
@@ -120,6 +133,12 @@ class InFlightAttempts:
         attempt = self.attempts.get(lease)
         if attempt is None or not self.leases.holds(lease):
             return  # its outcome was written meanwhile: the heartbeat raced the ack
+        if effects.completions(attempt.job):
+            # The handler completed the job itself: the lease is gone because that
+            # completion committed, or, if it did not, the writer finds out once the
+            # handler returns. Nothing to extend any more; nothing to call off.
+            self.leases.release([lease])
+            return
         outcome = self.pending.get(lease)
         if outcome is not None and outcome.sent:
             # Being written: the heartbeat may have seen the ack commit before the writer
@@ -128,7 +147,7 @@ class InFlightAttempts:
         self.pending.pop(lease, None)
         self.leases.release([lease])
         if not attempt.returned and attempt.abandoned is None:
-            attempt.abandoned = "lost its lease"
+            attempt.abandoned = LOST
             executor.cancel(attempt)
         self._discarded(attempt, f"its lease was {how} (cancelled, or reaped after a stall)")
         self._forget_if_done(attempt)

@@ -13,6 +13,9 @@ Fixtures:
 - ``pgqueue_queue``: a :class:`pgqueue.Queue` on that schema.
 - ``pgqueue_run_jobs``: runs a burst worker until nothing is runnable and returns the
   finished jobs.
+- ``pgqueue_claim``: enqueues a job and claims it as a worker would, for calling a
+  handler yourself: ``job.complete``, ``job.fence``, ``job.effect_key`` and
+  ``job.transaction()`` work on it as under a worker.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 import psycopg
@@ -32,9 +36,11 @@ from pgqueue import (
     Job,
     JobState,
     LifecycleHooks,
+    PgQueueError,
     Queue,
     WorkerProtocol,
     collect_tasks,
+    connections,
     embedded,
     get_plugin_manager,
     migrate,
@@ -154,6 +160,84 @@ def pgqueue_run_jobs(pgqueue_queue: Queue) -> RunJobs:
             time.sleep(max(wait, 0.0))
 
     return run_jobs
+
+
+class Claim(Protocol):
+    """What ``pgqueue_claim`` gives a test: see the fixture."""
+
+    def __call__(
+        self,
+        task: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        queue: str = ...,
+        lease_seconds: float = ...,
+        **options: Any,
+    ) -> Job: ...
+
+
+@pytest.fixture
+def pgqueue_claim(pgqueue_queue: Queue) -> Claim:
+    """A function that enqueues a job of ``task`` with ``payload`` (other keyword
+    arguments go to :meth:`pgqueue.Queue.enqueue`) on ``pgqueue_queue`` and claims it
+    under a real lease of ``lease_seconds`` (default 60), as a worker would: the
+    :class:`pgqueue.Job` to hand your handler.
+
+    On it, ``job.complete(conn)``, ``job.fence(conn)`` and ``job.effect_key(name)``
+    work as under a worker, and ``job.transaction()`` and ``job.atransaction()`` lend
+    a connection of their own to the test's database. Nothing acks the job for you:
+    after the handler, ``pgqueue_queue.get(job.id)`` shows what it left (succeeded, if
+    it completed the job in a transaction that committed; still running otherwise).
+    Cancel the job (``pgqueue_queue.cancel``) or let its lease run out to see what the
+    handler does once the lease is lost."""
+    protocol = WorkerProtocol(pgqueue_queue)
+    protocol.lender = _TestLender(pgqueue_queue)
+
+    def claim(
+        task: str,
+        payload: dict[str, Any] | None = None,
+        *,
+        queue: str = "default",
+        lease_seconds: float = 60.0,
+        **options: Any,
+    ) -> Job:
+        enqueued = pgqueue_queue.enqueue(task, payload, queue=queue, **options).job
+        claimed = protocol.claim([queue], [task], 1, lease_seconds=lease_seconds)
+        if not claimed:
+            raise PgQueueError(
+                f"pgqueue_claim: job {enqueued.id} is not runnable now "
+                f"({enqueued.state.value}, run at {enqueued.run_at.isoformat()})"
+            )
+        if claimed[0].id != enqueued.id:
+            raise PgQueueError(
+                f"pgqueue_claim: job {claimed[0].id}, queued before job {enqueued.id} with "
+                f"the same task, was claimed first (and is now running)"
+            )
+        return claimed[0]
+
+    return claim
+
+
+class _TestLender:
+    """Lends ``job.transaction()`` and ``job.atransaction()`` a connection of its own
+    to the queue's database, made as the queue's are, closed at the block's end: a test
+    may run several event loops, and nothing is left open behind it."""
+
+    def __init__(self, queue: Queue) -> None:
+        self._queue = queue
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        with connections.connect_beside(self._queue.pool, application_name="pytest-pgqueue") as c:
+            yield c
+
+    @asynccontextmanager
+    async def aconnection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        conninfo, kwargs = connections.settings_of(self._queue.pool)
+        options = {**connections.connection_defaults(conninfo), **kwargs}
+        options.update(autocommit=True, application_name="pytest-pgqueue")
+        async with await psycopg.AsyncConnection.connect(conninfo, **options) as conn:
+            yield conn
 
 
 def _finished_jobs(queue: Queue) -> list[Job]:

@@ -612,9 +612,13 @@ WITH lease AS (
     SELECT id, token FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[]) AS lease (id, token)
 ),
 held AS (
+    -- FOR NO KEY UPDATE, the lock the UPDATE below takes anyway: it skips the rows an
+    -- ack, a failure, a cancel or the reaper holds, but not a job a handler's
+    -- transaction holds by job_fence (FOR KEY SHARE), whose lease must go on being
+    -- extended for as long as that transaction keeps the reaper from it.
     SELECT job.id FROM {schema}.active_jobs AS job JOIN lease USING (id)
     WHERE job.lease_token = lease.token AND job.state = 'running'
-    FOR UPDATE OF job SKIP LOCKED
+    FOR NO KEY UPDATE OF job SKIP LOCKED
 ),
 extended AS (
     UPDATE {schema}.active_jobs AS job
@@ -847,6 +851,62 @@ SELECT written.written_at, written.refused, written.released,
        failed.position, failed.state, failed.run_at, failed.errors, failed.has_dependents
 FROM written LEFT JOIN failed ON true
 ORDER BY failed.position;
+
+-- name: job_fence
+-- Job.fence: holds a running attempt in the caller's transaction, if its lease is still
+-- this one's. FOR KEY SHARE conflicts only with FOR UPDATE: the reaper
+-- (job_expired_lock, SKIP LOCKED) passes the job by, and a cancel, an ack or a failure
+-- of it (each deletes the row or changes its lease token) waits, until the caller's
+-- transaction ends; the heartbeat's UPDATE (FOR NO KEY UPDATE) does not wait, so the
+-- lease goes on being extended meanwhile. No row: the lease is gone, and the caller
+-- fails its transaction (lease_lost_raise).
+SELECT id FROM {schema}.active_jobs
+WHERE id = %(id)s AND lease_token = %(token)s AND state = 'running'
+FOR KEY SHARE;
+
+-- name: job_completion_evidence
+-- Job.complete, after job_finish_many in the same transaction: what later tells
+-- whether that completion committed (job_completions_check). xact is the top-level
+-- transaction; row_xmin the (sub)transaction that wrote the finished row, which differs
+-- from it inside a savepoint, whose rollback undoes the completion alone.
+SELECT pg_current_xact_id()::text AS xact,
+       (SELECT xmin::text FROM {schema}.finished_jobs
+        WHERE id = %(id)s AND state = 'succeeded') AS row_xmin;
+
+-- name: job_completions_check
+-- Whether the completions Job.complete recorded have committed, one row per
+-- completion: whether the finished row it wrote is there (found) for every transaction
+-- to see, which only the commit of its (sub)transaction makes so, and the status of
+-- its transaction, which tells one still open from one rolled back. The status alone
+-- is not taken for a commit: after a crash or a failover, a transaction id that never
+-- reached the WAL is given out again, to another transaction (one past the next id to
+-- be given out, pg_xact_status would refuse: it was lost in the crash, so NULL; this
+-- statement's own id, given out now, is the bound).
+SELECT completion.position,
+       CASE WHEN completion.xact::xid8 < pg_current_xact_id()
+            THEN pg_xact_status(completion.xact::xid8)
+       END AS status,
+       coalesce(finished.xmin::text = completion.row_xmin, false) AS found,
+       finished.finished_at
+FROM unnest(%(ids)s::bigint[], %(xacts)s::text[], %(row_xmins)s::text[])
+     WITH ORDINALITY AS completion (id, xact, row_xmin, position)
+LEFT JOIN {schema}.finished_jobs AS finished
+       ON finished.id = completion.id AND finished.state = 'succeeded'
+ORDER BY completion.position;
+
+-- name: lease_lost_raise
+-- Fails the caller's transaction when Job.complete or Job.fence finds the lease gone:
+-- an error of PostgreSQL's own, so that no part of the transaction can commit, even if
+-- the caller catches the LeaseLost raised from it. {message} is a literal.
+DO $pgqueue$
+BEGIN
+    RAISE EXCEPTION USING
+        ERRCODE = 'PQ001',
+        MESSAGE = {message},
+        HINT = 'Roll the transaction back: this attempt of the job is over, and another '
+               'attempt (or none, if it was cancelled) does its work.';
+END
+$pgqueue$;
 
 -- name: job_expired_lock
 -- The running jobs whose lease expired (their worker stopped heartbeating), oldest
