@@ -256,3 +256,31 @@ def test_finished_jobs_are_not_in_the_active_table_or_its_indexes(db, schema, qu
     )
     assert counts == {"active_jobs": 1, "active_jobs_claim_idx": 1, "active_jobs_running_idx": 0}
     assert queue.get(job.id).state.value == "queued"
+
+
+WORKFLOW_STEPS = 20
+
+
+@pytest.mark.parametrize("name", ["job_workflow_get", "job_neighbours_get"])
+def test_workflow_reads_look_jobs_up_by_id_however_much_history(name, queue, db, schema, history):
+    """The dashboard's workflow page and a job's list of linked jobs fetch each job by
+    id: what they read does not grow with the finished jobs kept. (Joined to the jobs
+    view instead, the planner, which cannot tell how few the linked jobs are, chose to
+    sort all 5 million finished jobs of ``pgqueue bench ui`` to merge them in.)"""
+    root = queue.enqueue("t", {}).job.id
+    steps = queue.enqueue_many(
+        JobSpec("t", {"n": n}, depends_on=[root]) for n in range(WORKFLOW_STEPS)
+    )
+    fan_in = queue.enqueue("t", {}, depends_on=[step.job.id for step in steps]).job.id
+    params = {"id": root if name == "job_workflow_get" else fan_in, "limit": 100}
+    _vacuum(db, schema)
+    without, _ = _buffers(db, schema, name, params)
+    history(HISTORY_ROWS)
+    history(HISTORY_ROWS // 20, state="dead")
+    _vacuum(db, schema)
+    with_history, _ = _buffers(db, schema, name, params)
+    jobs = WORKFLOW_STEPS + 2
+    assert with_history <= without + SLACK + SLACK_PER_ROW * jobs, (
+        f"{name} touched {with_history} pages with {HISTORY_ROWS} finished jobs kept, "
+        f"{without} without"
+    )

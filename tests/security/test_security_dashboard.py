@@ -10,6 +10,7 @@ from html.parser import HTMLParser
 import httpx
 import pytest
 from api_support import RunningApi
+from psycopg import sql
 from surfaces import AUTH, endpoints
 from ui_support import TOKEN, csrf_of, logged_in_client
 
@@ -211,6 +212,7 @@ def test_markup_in_every_field_renders_escaped_on_every_page(start_app, queue: Q
         for job_id in ids.values():
             pages |= {f"/ui/jobs/{job_id}", f"/ui/fragments/jobs/{job_id}"}
             pages |= {f"/ui/jobs/{job_id}/payload.json", f"/ui/jobs/{job_id}/result.json"}
+            pages.add(f"/ui/jobs/{job_id}/workflow")
         pages |= {
             "/ui/jobs?queue=later",
             "/ui/jobs?state=dead",
@@ -251,6 +253,41 @@ def test_markup_in_every_field_renders_escaped_on_every_page(start_app, queue: Q
         _assert_no_live_markup(login.text, "/ui/login?next=")
 
 
+def test_markup_in_names_written_by_another_client_is_escaped_in_a_workflow(
+    start_app, queue: Queue, db, schema: str
+):
+    # pgqueue refuses markup in task and queue names, but another client writing rows
+    # by hand is not pgqueue: the graph and the lists of linked jobs escape them too.
+    first = queue.enqueue("extract", {}).job
+    second = queue.enqueue("load", {}, depends_on=[first.id]).job
+    third = queue.enqueue("report", {}, depends_on=[second.id]).job
+    db.execute(
+        sql.SQL("UPDATE {}.active_jobs SET task = %s, queue = %s WHERE id = %s").format(
+            sql.Identifier(schema)
+        ),
+        (HOSTILE, "q" + IMG, second.id),
+    )
+    api = start_app()
+    with logged_in_client(api.url) as client:
+        for path in (
+            f"/ui/jobs/{second.id}/workflow",
+            f"/ui/jobs/{first.id}/workflow",
+            f"/ui/jobs/{first.id}",
+            f"/ui/jobs/{third.id}",
+            f"/ui/fragments/jobs/{third.id}",
+        ):
+            answer = client.get(path)
+            assert answer.status_code == 200, path
+            _assert_no_live_markup(answer.text, path)
+            assert "&lt;script&gt;" in answer.text, path  # shown, as text
+        graph = client.get(f"/ui/jobs/{first.id}/workflow").text
+        # The tooltip carries all of it, escaped; the box a cut of it.
+        assert f"<title>Job {second.id}: &lt;script&gt;alert(1)&lt;/script&gt;&#34;&gt;" in graph
+        as_json = client.get(f"/jobs/{first.id}/workflow", headers=AUTH)
+        assert as_json.headers["content-type"].startswith("application/json")
+        assert HOSTILE in {job["task"] for job in as_json.json()["jobs"]}
+
+
 @pytest.mark.slow
 def test_markup_does_not_run_in_a_browser(start_process, page, queue: Queue):
     # The HTML checks above, confirmed by Chromium: no dialog opens, no image with an
@@ -268,6 +305,7 @@ def test_markup_does_not_run_in_a_browser(start_process, page, queue: Queue):
         "/ui/jobs?state=dead",
         f"/ui/jobs/{ids['shown']}",
         f"/ui/jobs/{ids['failed']}",
+        f"/ui/jobs/{ids['failed']}/workflow",
         "/ui/workers",
         "/ui/schedules",
     ):

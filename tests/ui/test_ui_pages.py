@@ -117,15 +117,20 @@ def test_dependencies_show_as_links_and_waiting_jobs_are_counted_and_filtered(
     with logged_in_client(api.url) as client:
         page = client.get(f"/ui/jobs/{waiting.id}").text
         assert '<span class="badge waiting" id="job-state">waiting</span>' in page
-        assert f'<dd id="depends-on"><a href="/ui/jobs/{root.id}">{root.id}</a></dd>' in page
-        assert '<dd id="dependents">-</dd>' in page
+        assert re.search(
+            rf'<li data-job="{root.id}"><a href="/ui/jobs/{root.id}">{root.id}</a>'
+            r' <span class="task">build</span> <span class="badge queued">queued</span></li>',
+            page,
+        )
+        assert re.search(r'id="dependents">\s*<h3>Dependents <small>0</small></h3>', page)
         # A waiting job can change: its page polls, and it can be cancelled.
         assert f'hx-get="/ui/fragments/jobs/{waiting.id}"' in page
         assert f'action="/ui/jobs/{waiting.id}/cancel"' in page
         fragment = client.get(f"/ui/fragments/jobs/{root.id}").text
-        assert f'<dd id="dependents"><a href="/ui/jobs/{waiting.id}">{waiting.id}</a></dd>' in (
-            fragment
-        )
+        assert (
+            f'<li data-job="{waiting.id}"><a href="/ui/jobs/{waiting.id}">{waiting.id}</a>'
+            ' <span class="task">deploy</span> <span class="badge waiting">waiting</span></li>'
+        ) in fragment
 
         overview = client.get("/ui").text
         assert '<th class="num">waiting</th>' in overview

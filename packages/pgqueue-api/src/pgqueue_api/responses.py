@@ -10,7 +10,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from pgqueue import Job as StoredJob
-from pgqueue import JobDependencies, JobState, QueueStats
+from pgqueue import JobDependencies, JobState, QueueStats, Workflow
 from pgqueue.job import ERROR_HISTORY_CHARS, ERRORS_KEPT
 from pgqueue_api.schemas import ResponseBody
 
@@ -123,6 +123,65 @@ def job_detail_body(job: StoredJob, dependencies: JobDependencies) -> dict[str, 
         "depends_on": dependencies.depends_on,
         "dependents": dependencies.dependents,
         "dependency_mode": dependencies.dependency_mode,
+    }
+
+
+class WorkflowNode(ResponseBody):
+    """One job of a workflow."""
+
+    id: int = Field(description="The job's id.")
+    task: str | None = Field(description="Its task; null for a job pruned since.")
+    queue: str | None = Field(description="Its queue; null for a job pruned since.")
+    state: JobState | None = Field(description="Its state; null for a job pruned since.")
+    depends_on: list[int] = Field(
+        description="Ids of its dependencies among the workflow's jobs, ascending."
+    )
+    more_dependencies: int = Field(
+        description="Of an ancestor: its dependencies left out (the graph is cut there)."
+    )
+    more_dependents: int = Field(
+        description="Of a descendant: its dependents left out (the graph is cut there)."
+    )
+
+
+class WorkflowGraph(ResponseBody):
+    """The graph of dependencies around a job."""
+
+    job_id: int = Field(description="The job the graph is around.")
+    limit: int = Field(description="Ancestors, and descendants, found at most, nearest first.")
+    truncated: bool = Field(
+        description="True when ancestors or descendants beyond `limit` were left out."
+    )
+    jobs: list[WorkflowNode] = Field(
+        description=(
+            "The job, every job it depends on directly or not, and every job that "
+            "depends on it directly or not; ids ascending."
+        )
+    )
+    edges: list[tuple[int, int]] = Field(
+        description="[dependency, dependent] pairs: the links between the jobs."
+    )
+
+
+def workflow_body(workflow: Workflow) -> dict[str, Any]:
+    """The answer body of :class:`WorkflowGraph` for ``workflow``."""
+    return {
+        "job_id": workflow.job_id,
+        "limit": workflow.limit,
+        "truncated": workflow.truncated,
+        "jobs": [
+            {
+                "id": job.id,
+                "task": job.task,
+                "queue": job.queue,
+                "state": job.state,
+                "depends_on": list(job.depends_on),
+                "more_dependencies": job.more_dependencies,
+                "more_dependents": job.more_dependents,
+            }
+            for job in workflow.jobs
+        ],
+        "edges": [list(edge) for edge in workflow.edges],
     }
 
 

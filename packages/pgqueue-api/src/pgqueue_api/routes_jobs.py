@@ -33,6 +33,7 @@ from pgqueue import (
     validation,
 )
 from pgqueue import Job as StoredJob
+from pgqueue.dependencies import WORKFLOW_LIMIT
 from pgqueue_api import responses
 from pgqueue_api.errors import conflict_response
 from pgqueue_api.logs import note_job
@@ -69,6 +70,8 @@ async def current_queue(request: Request) -> Queue:
 
 QueueDep = Annotated[Queue, Depends(current_queue)]
 JobId = Annotated[int, Path(ge=1, le=JOB_ID_MAX, description="The job's id.")]
+WORKFLOW_LIMIT_MAX = 1_000
+"""The most ancestors (and descendants) a workflow request may ask for."""
 
 
 router = APIRouter(route_class=StrictJSONRoute, tags=["jobs"])
@@ -333,6 +336,37 @@ def _job_detail(queue: Queue, job_id: int) -> tuple[Response, bool]:
     note_job(job_id)
     job = queue.get(job_id)
     return json_response(job_detail_body(job, queue.dependencies(job_id))), job.state.finished
+
+
+@router.get(
+    "/jobs/{job_id}/workflow",
+    response_model=responses.WorkflowGraph,
+    summary="Get the workflow around a job",
+    responses={**NOT_FOUND, **INVALID, **UNAVAILABLE},
+)
+async def get_workflow(
+    job_id: JobId,
+    queue: QueueDep,
+    limit: Annotated[
+        int,
+        Query(
+            ge=1,
+            le=WORKFLOW_LIMIT_MAX,
+            description="Ancestors, and descendants, to find at most, nearest first.",
+        ),
+    ] = WORKFLOW_LIMIT,
+) -> Response:
+    """The graph of dependencies around a job: the job, every job it depends on directly
+    or not, and every job that depends on it directly or not (up to `limit` each way,
+    nearest first; `truncated` says when some were left out), with their states and the
+    links between them. Active and finished jobs alike; a job pruned since, still named
+    by a link, has a null task and state. The dashboard's workflow page draws it."""
+    return await run_in_threadpool(_workflow, queue, job_id, limit)
+
+
+def _workflow(queue: Queue, job_id: int, limit: int) -> Response:
+    note_job(job_id)
+    return json_response(responses.workflow_body(queue.workflow(job_id, limit)))
 
 
 @router.post(

@@ -7,7 +7,8 @@ the day partitions, counted, frozen), but finishing at ``--finished-per-second``
 now, so that the last hour, which the queues page's chart reads, holds as many jobs as
 a queue that busy leaves there. Then, as a live system has them: ``--queued`` queued
 jobs (a third with a unique key), ``--running`` of them claimed by a worker, four
-workers in the registry and five schedules.
+workers in the registry and five schedules; and a workflow of 100 jobs, for its page
+and the page of a job with 98 dependencies.
 
 A real ``pgqueue-api`` process (one worker process, no tokens) serves the schema. The
 first ``GET /ui`` of the process is timed on its own: it reads the whole last hour of
@@ -53,6 +54,9 @@ SCHEDULES = 5
 LEASE_SECONDS = 3600.0
 """The running jobs' lease: longer than any run, so none is reaped meanwhile."""
 ENQUEUE_BATCH = 1000
+WORKFLOW_JOBS = 100
+"""A workflow's jobs: one, a fan-out of WORKFLOW_JOBS - 2 waiting for it, and one
+waiting for all of those, for the workflow page and a job page with many links."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +77,10 @@ class Loaded:
     finished_id: int
     running_id: int
     unique_key: str
+    workflow_root_id: int = 1
+    """The first job of the workflow (see WORKFLOW_JOBS)."""
+    fan_in_id: int = 1
+    """Its last job, which depends on all the others but the first."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +104,7 @@ def load(
     url: str, schema: str, scenario: UiScenario, progress: LiveLine
 ) -> tuple[Loaded, dict[str, Any]]:
     """Fill ``schema``: the finished jobs, then the queued and running ones, workers and
-    schedules. Returns what the pages ask about and the history load's timings."""
+    schedules, and a workflow (see WORKFLOW_JOBS). Returns what the pages ask about and the history load's timings."""
     window = history_window(database.database_now(url).timestamp(), scenario)
     history = load_history(url, schema, 0, scenario.finished, window=window, progress=progress)
     progress.update(f"queued and running jobs: {scenario.queued:,}", force=True)
@@ -121,6 +129,22 @@ def load(
             if not claimed:
                 break
             running += [job.id for job in claimed]
+        # Enqueued after the claims, so that none of its jobs is among the running.
+        flow_queue = OTHER_QUEUES[1]
+        flow_task = TASKS[flow_queue]
+        root = queue.enqueue(flow_task, {"step": "extract"}, queue=flow_queue).job.id
+        steps = queue.enqueue_many(
+            [
+                JobSpec(flow_task, {"part": n}, queue=flow_queue, depends_on=[root])
+                for n in range(WORKFLOW_JOBS - 2)
+            ]
+        )
+        fan_in = queue.enqueue(
+            flow_task,
+            {"step": "report"},
+            queue=flow_queue,
+            depends_on=[step.job.id for step in steps],
+        ).job.id
         for n in range(WORKERS):
             queue.register_worker(
                 WorkerRegistration(
@@ -145,6 +169,8 @@ def load(
         finished_id=history["first_id"] + scenario.finished // 2,
         running_id=running[0] if running else history["first_id"],
         unique_key=held.unique_key if held and held.unique_key else "account-0",
+        workflow_root_id=root,
+        fan_in_id=fan_in,
     )
     return loaded, history
 
@@ -173,6 +199,20 @@ def pages(loaded: Loaded, next_after: int | None) -> list[Page]:
         Page("job, finished", f"/ui/jobs/{finished}", shows=f"Job {finished}"),
         Page("job, running", f"/ui/jobs/{running}", shows=f"Job {running}"),
         Page("job fragment", f"/ui/fragments/jobs/{running}"),
+        Page(
+            f"job, {WORKFLOW_JOBS - 2} dependencies",
+            f"/ui/jobs/{loaded.fan_in_id}",
+            shows=f"Depends on <small>{WORKFLOW_JOBS - 2}</small>",
+        ),
+        Page(
+            f"job fragment, {WORKFLOW_JOBS - 2} dependencies",
+            f"/ui/fragments/jobs/{loaded.fan_in_id}",
+        ),
+        Page(
+            f"workflow, {WORKFLOW_JOBS} jobs",
+            f"/ui/jobs/{loaded.workflow_root_id}/workflow",
+            shows=f"{WORKFLOW_JOBS} jobs:",
+        ),
         Page("workers", "/ui/workers", shows=f"bench-host-{WORKERS - 1}"),
         Page("workers fragment", "/ui/fragments/workers"),
         Page("schedules", "/ui/schedules", shows=f"report-{SCHEDULES - 1}"),
@@ -343,7 +383,9 @@ def ui_command(
         f"{QUEUE_NAME!r}), finishing evenly up to the load at finished_per_second, COPYed "
         "into finished_jobs' day partitions, counted and frozen",
         "active": "queued jobs spread over the queues, every third with a unique key; "
-        f"`running` of them claimed; {WORKERS} registered workers, {SCHEDULES} schedules",
+        f"`running` of them claimed; {WORKERS} registered workers, {SCHEDULES} schedules; "
+        f"a workflow of {WORKFLOW_JOBS} jobs in {OTHER_QUEUES[1]} (one, a fan-out of "
+        f"{WORKFLOW_JOBS - 2} waiting for it, one waiting for them all)",
         "api": "one pgqueue-api process (--workers 1), no tokens, on loopback",
         "timing": "one request at a time over one HTTP connection, after one untimed "
         "request per page, timed in the client (round trip included); redirects not followed",

@@ -3,7 +3,14 @@
 from pgqueue.async_producer import AsyncProducer
 from pgqueue.backoff import backoff_seconds
 from pgqueue.claiming import Waiter
-from pgqueue.dependencies import BatchItem, JobDependencies
+from pgqueue.dependencies import (
+    BatchItem,
+    JobDependencies,
+    JobNeighbours,
+    LinkedJob,
+    Workflow,
+    WorkflowJob,
+)
 from pgqueue.errors import (
     DatabaseUnavailable,
     DependenciesFailed,
@@ -47,6 +54,7 @@ __all__ = [
     "InvalidTransition",
     "Job",
     "JobDependencies",
+    "JobNeighbours",
     "JobNotFound",
     "JobPage",
     "JobSpec",
@@ -54,6 +62,7 @@ __all__ = [
     "Lease",
     "LeaseLost",
     "LifecycleHooks",
+    "LinkedJob",
     "NoDatabaseConfigured",
     "NotAnAttempt",
     "OutcomeBatch",
@@ -71,6 +80,8 @@ __all__ = [
     "WorkerInfo",
     "WorkerProtocol",
     "WorkerRegistration",
+    "Workflow",
+    "WorkflowJob",
     "backoff_seconds",
     "call_when",
     "collect_tasks",

@@ -146,6 +146,70 @@ class JobDependencies(NamedTuple):
     """What it waits for in ``depends_on``: see :data:`DEPENDENCY_MODES`."""
 
 
+WORKFLOW_LIMIT = 100
+"""How many ancestors, and how many descendants, :meth:`pgqueue.Queue.workflow` finds
+of a job at most, nearest first: a graph of 201 jobs at most."""
+NEIGHBOURS_LIMIT = 100
+"""How many of its dependencies, and of its dependents, :meth:`pgqueue.Queue.neighbours`
+returns for a job at most."""
+
+
+@dataclasses.dataclass(frozen=True)
+class LinkedJob:
+    """A job as a graph of dependencies shows it."""
+
+    id: int
+    task: str | None
+    """None when the job was pruned (a job that is not still names it)."""
+    queue: str | None
+    state: JobState | None
+    """None when the job was pruned."""
+
+
+@dataclasses.dataclass(frozen=True)
+class JobNeighbours:
+    """The jobs a job depends on and those that depend on it, ids ascending, each with its
+    state: the first :data:`NEIGHBOURS_LIMIT` each way, and how many there are."""
+
+    depends_on: list[LinkedJob]
+    dependents: list[LinkedJob]
+    depends_on_total: int
+    dependents_total: int
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkflowJob(LinkedJob):
+    """A job of a :class:`Workflow`, with its links."""
+
+    depends_on: tuple[int, ...] = ()
+    """Its dependencies in the workflow, ids ascending."""
+    more_dependencies: int = 0
+    """Of an ancestor: its dependencies left out, the graph being cut there."""
+    more_dependents: int = 0
+    """Of a descendant: its dependents left out, the graph being cut there."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Workflow:
+    """The graph around a job: the job, every job it depends on directly or not, and every
+    job that depends on it directly or not, up to ``limit`` each way, nearest first."""
+
+    job_id: int
+    jobs: list[WorkflowJob]
+    """Ids ascending; the job itself among them."""
+    limit: int
+
+    @property
+    def edges(self) -> list[tuple[int, int]]:
+        """(dependency, dependent) pairs, in the order of ``jobs``."""
+        return [(dependency, job.id) for job in self.jobs for dependency in job.depends_on]
+
+    @property
+    def truncated(self) -> bool:
+        """True when ancestors or descendants were left out (more than ``limit``)."""
+        return any(job.more_dependencies or job.more_dependents for job in self.jobs)
+
+
 def has_dependencies(spec: JobSpec) -> bool:
     """True for a spec that must take this module's path."""
     return bool(spec.dependencies)
@@ -402,3 +466,47 @@ def dependencies_of_many(
             dependency = Dependency(row["id"], row["task"], row["state"], row["result"])
         found.setdefault(row["job_id"], []).append(dependency)
     return {job_id: tuple(each) for job_id, each in found.items()}
+
+
+def _state(value: str | None) -> JobState | None:
+    return None if value is None else JobState(value)
+
+
+def neighbours_of(
+    cur: psycopg.Cursor[dict[str, Any]], schema: str, job_id: int, limit: int
+) -> JobNeighbours:
+    """The first ``limit`` dependencies and dependents of ``job_id``, with their states."""
+    cur.execute(queries.bind("job_neighbours_get", schema), {"id": job_id, "limit": limit})
+    rows = cur.fetchall()
+    linked: dict[str, list[LinkedJob]] = {"depends_on": [], "dependents": []}
+    for row in rows:
+        if row["direction"] is not None:
+            linked[row["direction"]].append(
+                LinkedJob(row["id"], row["task"], row["queue"], _state(row["state"]))
+            )
+    return JobNeighbours(
+        linked["depends_on"],
+        linked["dependents"],
+        rows[0]["depends_on_total"],
+        rows[0]["dependents_total"],
+    )
+
+
+def workflow_of(
+    cur: psycopg.Cursor[dict[str, Any]], schema: str, job_id: int, limit: int
+) -> Workflow:
+    """The graph around ``job_id`` (see :class:`Workflow`), in one statement."""
+    cur.execute(queries.bind("job_workflow_get", schema), {"id": job_id, "limit": limit})
+    jobs = [
+        WorkflowJob(
+            row["id"],
+            row["task"],
+            row["queue"],
+            _state(row["state"]),
+            depends_on=tuple(row["depends_on"]),
+            more_dependencies=row["more_dependencies"],
+            more_dependents=row["more_dependents"],
+        )
+        for row in cur.fetchall()
+    ]
+    return Workflow(job_id, jobs, limit)

@@ -35,7 +35,13 @@ from pgqueue import connections, dependencies, jsonb, migrations, queries, valid
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS
 from pgqueue.claiming import CLAIM_MODES, Waiter, default_worker_id
 from pgqueue.connections import CONNECTION_DEFAULTS, DEFAULT_POOL_TIMEOUT, connection_defaults
-from pgqueue.dependencies import JobDependencies
+from pgqueue.dependencies import (
+    NEIGHBOURS_LIMIT,
+    WORKFLOW_LIMIT,
+    JobDependencies,
+    JobNeighbours,
+    Workflow,
+)
 from pgqueue.errors import (
     DatabaseUnavailable,
     DependenciesFailed,
@@ -214,6 +220,30 @@ class Queue(
         job exists."""
         with self._connection() as conn:
             return dependencies.dependencies_of(jsonb.cursor(conn), self.schema, job_id)
+
+    def neighbours(self, job_id: int, limit: int = NEIGHBOURS_LIMIT) -> JobNeighbours:
+        """The first ``limit`` jobs ``job_id`` depends on and the first ``limit`` that
+        depend on it, ids ascending, with their tasks and states (None for one pruned
+        since), and how many there are each way: what a job's page shows, bounded
+        however large the fan-in or fan-out. Does not check that the job exists."""
+        with self._connection() as conn:
+            return dependencies.neighbours_of(jsonb.cursor(conn), self.schema, job_id, limit)
+
+    def workflow(self, job_id: int, limit: int = WORKFLOW_LIMIT) -> Workflow:
+        """The graph of dependencies around ``job_id``: the job, every job it depends on
+        directly or not, every job that depends on it directly or not (up to ``limit``
+        each way, nearest first; ``Workflow.truncated`` says when some were left out),
+        their states and the links between them. One statement, active and finished
+        jobs alike; a pruned job still named by a link has no task and no state.
+
+        Raises JobNotFound if ``job_id`` is no job."""
+        if not 1 <= limit <= 10_000:
+            raise ValidationError("limit", "must be between 1 and 10000")
+        with self._connection() as conn:
+            graph = dependencies.workflow_of(jsonb.cursor(conn), self.schema, job_id, limit)
+        if not any(job.id == job_id and job.state is not None for job in graph.jobs):
+            raise JobNotFound(job_id)
+        return graph
 
     def cancel(self, job_id: int) -> Job:
         """Cancel a waiting, queued or running job; a running job's lease is revoked, so

@@ -13,7 +13,7 @@ from starlette.responses import RedirectResponse, Response
 
 from pgqueue import (
     Job,
-    JobDependencies,
+    JobNeighbours,
     JobNotFound,
     JobState,
     Queue,
@@ -26,7 +26,7 @@ from pgqueue.schedules import ScheduleInfo
 from pgqueue_api.schemas import (
     JOB_ID_MAX,
 )
-from pgqueue_api.ui import views
+from pgqueue_api.ui import graph, views
 from pgqueue_api.ui.common import queue_controls, queue_of, render, require_session
 from pgqueue_api.ui.finished import FinishedHistory
 
@@ -50,7 +50,7 @@ class JobContext(TypedDict):
     """What a job's page and its fragment show."""
 
     job: Job
-    dependencies: JobDependencies
+    dependencies: JobNeighbours
     events: list[views.Event]
     payload: views.ShownJson
     result: views.ShownJson | None
@@ -262,7 +262,7 @@ def _job_context(queue: Queue, job_id: int) -> JobContext:
     job = queue.get(job_id)
     return {
         "job": job,
-        "dependencies": queue.dependencies(job_id),
+        "dependencies": queue.neighbours(job_id),
         "events": views.timeline(job),
         "payload": views.pretty_json(job.payload),
         "result": None if job.result is None else views.pretty_json(job.result),
@@ -312,6 +312,29 @@ async def job_fragment(request: Request, job_id: JobId) -> Response:
     except JobNotFound:
         return Response("This job no longer exists (pruned).", status_code=404)
     return render(request, "_job.html", **context)
+
+
+@router.get("/ui/jobs/{job_id}/workflow")
+async def workflow_page(request: Request, job_id: JobId) -> Response:
+    """The graph around a job: every job it depends on, directly or not, and every job
+    that depends on it, up to ``Queue.workflow``'s limit each way, drawn as SVG in
+    columns, each job coloured by its state and linked to its page."""
+    try:
+        workflow = await run_in_threadpool(queue_of(request).workflow, job_id)
+    except JobNotFound:
+        return render(request, "not_found.html", status_code=404, job_id=job_id)
+    counts: dict[str, int] = {}
+    for job in workflow.jobs:
+        state = job.state.value if job.state else "pruned"
+        counts[state] = counts.get(state, 0) + 1
+    order = [*(state.value for state in JobState), "pruned"]
+    return render(
+        request,
+        "workflow.html",
+        workflow=workflow,
+        drawing=graph.draw(workflow),
+        counts=[(state, counts[state]) for state in order if state in counts],
+    )
 
 
 @router.get("/ui/jobs/{job_id}/{part}.json")

@@ -2043,3 +2043,79 @@ LEFT JOIN LATERAL (
 ) AS dependency ON true
 WHERE link.job_id = ANY(%(ids)s::bigint[])
 ORDER BY link.job_id, link.position NULLS LAST, link.depends_on;
+
+-- name: job_neighbours_get
+-- A job's page: the first %(limit)s jobs it depends on and the first %(limit)s that
+-- depend on it, ids ascending, each with its task and state (NULL: pruned since), and
+-- how many there are each way. Through the links' primary key and job_id index, and
+-- one lookup by id per job shown, however large the fan-in or fan-out.
+WITH shown AS (
+    (SELECT 'depends_on' AS direction, depends_on AS id FROM {schema}.job_dependencies
+     WHERE job_id = %(id)s ORDER BY depends_on LIMIT %(limit)s)
+    UNION ALL
+    (SELECT 'dependents', job_id FROM {schema}.job_dependencies
+     WHERE depends_on = %(id)s ORDER BY job_id LIMIT %(limit)s)
+)
+SELECT shown.direction, shown.id, job.task, job.queue, job.state::text AS state,
+       (SELECT count(*) FROM {schema}.job_dependencies WHERE job_id = %(id)s)
+           AS depends_on_total,
+       (SELECT count(*) FROM {schema}.job_dependencies WHERE depends_on = %(id)s)
+           AS dependents_total
+FROM (SELECT 1) AS one
+LEFT JOIN shown ON true
+-- One lookup by id per job shown. A join would let the planner, which cannot tell how
+-- few they are, read every finished job to hash or merge them in; LIMIT 1 (an id is
+-- one job) keeps it from flattening this LATERAL subquery into such a join.
+LEFT JOIN LATERAL (SELECT task, queue, state FROM {schema}.jobs WHERE id = shown.id LIMIT 1)
+    AS job ON true
+ORDER BY shown.direction, shown.id;
+
+-- name: job_workflow_get
+-- The graph around a job: the job, the jobs it depends on, directly or not (its
+-- ancestors), and the jobs that depend on it (its descendants), each with its task,
+-- queue and state (NULL: pruned, its link kept by a job that is not), and with the ids
+-- of its dependencies among them (the edges). Each walk is breadth-first, and its UNION
+-- visits each job once, so it ends on any graph (the enqueue cannot make a cycle, but
+-- nothing here relies on that); its LIMIT stops it after the job and %(limit)s more,
+-- nearest first, which bounds the depth as well as the breadth, since every level adds
+-- a job. more_dependencies (of an ancestor) and more_dependents (of a descendant) count
+-- the links that lead out of the graph: ancestors and descendants left out by a LIMIT.
+-- Everything goes through the links' job_id index and primary key, and jobs by id.
+WITH RECURSIVE ancestors (id) AS (
+    SELECT %(id)s::bigint
+    UNION
+    SELECT link.depends_on FROM ancestors
+    JOIN {schema}.job_dependencies AS link ON link.job_id = ancestors.id
+),
+descendants (id) AS (
+    SELECT %(id)s::bigint
+    UNION
+    SELECT link.job_id FROM descendants
+    JOIN {schema}.job_dependencies AS link ON link.depends_on = descendants.id
+),
+found AS MATERIALIZED (
+    (SELECT id, true AS ancestor FROM ancestors LIMIT %(limit)s + 1)
+    UNION ALL
+    (SELECT id, false FROM descendants LIMIT %(limit)s + 1)
+),
+nodes AS MATERIALIZED (
+    SELECT id, bool_or(ancestor) AS ancestor, bool_or(NOT ancestor) AS descendant
+    FROM found GROUP BY id
+)
+SELECT nodes.id, job.task, job.queue, job.state::text AS state,
+       ARRAY(SELECT link.depends_on FROM {schema}.job_dependencies AS link
+             WHERE link.job_id = nodes.id AND link.depends_on IN (SELECT id FROM nodes)
+             ORDER BY link.depends_on) AS depends_on,
+       CASE WHEN nodes.ancestor THEN
+           (SELECT count(*) FROM {schema}.job_dependencies AS link
+            WHERE link.job_id = nodes.id AND link.depends_on NOT IN (SELECT id FROM nodes))
+       ELSE 0 END AS more_dependencies,
+       CASE WHEN nodes.descendant THEN
+           (SELECT count(*) FROM {schema}.job_dependencies AS link
+            WHERE link.depends_on = nodes.id AND link.job_id NOT IN (SELECT id FROM nodes))
+       ELSE 0 END AS more_dependents
+FROM nodes
+-- One lookup by id per job, never a read of the history (see job_neighbours_get).
+LEFT JOIN LATERAL (SELECT task, queue, state FROM {schema}.jobs WHERE id = nodes.id LIMIT 1)
+    AS job ON true
+ORDER BY nodes.id;
