@@ -19,6 +19,7 @@ from pgqueue_bench.soak import soak_command
 from pgqueue_bench.throughput import throughput_command
 from pgqueue_bench.ui import ui_command
 from pgqueue_bench.unserved import unserved_command
+from pgqueue_bench.wait import wait_command
 
 
 @click.group("bench")
@@ -39,5 +40,6 @@ bench.add_command(soak_command)
 bench.add_command(effects_command)
 bench.add_command(unserved_command)
 bench.add_command(search_command)
+bench.add_command(wait_command)
 bench.add_command(plot_command)
 bench.add_command(report_command)

@@ -143,6 +143,7 @@ def search_command(
         results_name,
         env,
         parameters={"active": active, "finished": finished, "calls": calls, "page": 50},
+        directory=results_dir,
         runs=[run],
         summary={name: measured["ms_median"] for name, measured in searches.items()},
     )
