@@ -22,6 +22,7 @@ from api_support import RunningApi
 from polling import wait_for
 
 from pgqueue import Job, JobSpec, Queue, WorkerProtocol
+from pgqueue_bench.wait import raw_get
 
 
 def connections_to(db: psycopg.Connection) -> int:
@@ -110,24 +111,6 @@ def test_wait_answers_at_the_timeout_with_the_current_state(
     missing = api.client.get("/jobs/999999999", params={"wait": 30})
     assert missing.status_code == 404
     assert time.monotonic() - started < 2
-
-
-async def raw_get(url: str, path: str) -> tuple[int, Any, float]:
-    """GET ``path`` on one connection of its own, closed after: the status, the JSON body
-    and when the answer was read. Plain asyncio streams: a client of 500 concurrent
-    requests in the test's own process must cost far less than the server it measures
-    (httpx's pool, in this process, would take seconds to read 500 answers)."""
-    host, port = url.removeprefix("http://").split(":")
-    reader, writer = await asyncio.open_connection(host, int(port))
-    try:
-        writer.write(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
-        await writer.drain()
-        answer = await reader.read()
-    finally:
-        writer.close()
-    read_at = time.monotonic()
-    head, _, body = answer.partition(b"\r\n\r\n")
-    return int(head.split()[1]), json.loads(body), read_at
 
 
 def test_500_waiting_requests_share_one_connection_and_the_api_answers_meanwhile(

@@ -38,7 +38,7 @@ from pgqueue_bench.options import database_url_option, results_dir_option
 WAIT_SECONDS = 30
 
 
-async def _get(base_url: str, path: str) -> tuple[int, Any, float]:
+async def raw_get(base_url: str, path: str) -> tuple[int, Any, float]:
     """GET ``path`` on a connection of its own: status, JSON body, when it was read."""
     host, port = base_url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
@@ -134,7 +134,7 @@ def _single_waits(api: RunningApi, queue: Queue, db: _Database, rounds: int) -> 
         acker = threading.Thread(target=ack)
         acker.start()
         status, body, read_at = asyncio.run(
-            _get(api.base_url, f"/jobs/{job.id}?wait={WAIT_SECONDS}")
+            raw_get(api.base_url, f"/jobs/{job.id}?wait={WAIT_SECONDS}")
         )
         acker.join()
         if status != 200 or body["state"] != "succeeded":
@@ -151,7 +151,7 @@ def _many_waits(api: RunningApi, queue: Queue, db: _Database, waiters: int) -> d
 
     async def run() -> list[tuple[int, Any, float]]:
         waits = [
-            asyncio.create_task(_get(api.base_url, f"/jobs/{job.id}?wait={WAIT_SECONDS}"))
+            asyncio.create_task(raw_get(api.base_url, f"/jobs/{job.id}?wait={WAIT_SECONDS}"))
             for job in jobs
         ]
         await asyncio.to_thread(db.until_recorded, [job.id for job in jobs])
@@ -160,7 +160,7 @@ def _many_waits(api: RunningApi, queue: Queue, db: _Database, waiters: int) -> d
         for _ in range(10):
             asked = time.monotonic()
             status, created = await _post(api.base_url, "/jobs", {"task": "other"})
-            shown, _, _ = await _get(api.base_url, f"/jobs/{created['id']}")
+            shown, _, _ = await raw_get(api.base_url, f"/jobs/{created['id']}")
             if (status, shown) != (201, 200):
                 raise click.ClickException(f"a request beside the waits answered {status}")
             pairs.append(time.monotonic() - asked)
