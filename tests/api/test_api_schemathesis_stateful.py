@@ -16,7 +16,6 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.config import SchemathesisConfig
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
-    negative_data_rejection,
     response_headers_conformance,
     response_schema_conformance,
     status_code_conformance,
@@ -25,13 +24,16 @@ from schemathesis.specs.openapi.checks import (
 from pgqueue import Queue
 from pgqueue.schedules import Schedule
 
+# Not negative_data_rejection: every call here carries the token (get_call_kwargs), which
+# undoes a mutation that drops the Authorization header, and schemathesis then reports
+# the request, with its other parts valid, as negative data accepted. Invalid requests
+# are the subject of test_api_schemathesis.py, operation by operation.
 CHECKS = [
     not_a_server_error,
     status_code_conformance,
     content_type_conformance,
     response_headers_conformance,
     response_schema_conformance,
-    negative_data_rejection,
 ]
 # About two thousand requests, under a minute alone: enough for every link to be followed,
 # also when a loaded machine leads the search down another path (80 scenarios were not).

@@ -62,6 +62,9 @@ SPECIAL = {
     ("api",): {"0", "1", "2", "3", "130"},
     ("dev",): {"0", "1", "2", "1+"},
     ("db", "status"): {"0", "1", "2", "3"},
+    # With --wait: 4, the job ended dead or cancelled; 5, it was not final in time.
+    ("enqueue",): {"0", "1", "2", "4", "5"},
+    ("job",): {"0", "1", "2", "4", "5"},
 }
 
 

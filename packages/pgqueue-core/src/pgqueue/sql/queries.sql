@@ -1045,12 +1045,16 @@ waiting AS (
 rewaited AS (
     -- Its dependents in 'finished' mode that still wait counted it off when it ended:
     -- they wait for it again, so that its next end is counted once. (Those released
-    -- already are not brought back.) Lower ids first, as every statement locks jobs.
-    UPDATE {schema}.active_jobs AS job
-    SET pending_dependencies = job.pending_dependencies + 1
-    FROM {schema}.job_dependencies AS link
-    WHERE link.depends_on = (SELECT id FROM requeued) AND link.finished_mode
-      AND job.id = link.job_id AND job.state = 'waiting'
+    -- already are not brought back.) Lower ids first, as every statement locks jobs;
+    -- through a function of the schema's owner, since a producer's retry comes here.
+    SELECT {schema}.finished_dependents_recounted(
+        ARRAY(SELECT link.job_id FROM {schema}.job_dependencies AS link
+              WHERE link.depends_on = (SELECT id FROM requeued) AND link.finished_mode
+              ORDER BY link.job_id),
+        ARRAY(SELECT 1 FROM {schema}.job_dependencies AS link
+              WHERE link.depends_on = (SELECT id FROM requeued) AND link.finished_mode
+              ORDER BY link.job_id)
+    )
 ),
 counted AS (
     INSERT INTO {schema}.queue_counters AS counter (queue, slot, dead, cancelled)
@@ -1074,7 +1078,7 @@ woken AS (
 -- With the state it was retried from, for a retry that its dependencies refuse.
 SELECT requeued.*, revived.state::text AS retried_from
 FROM requeued JOIN revived USING (id)
-WHERE (SELECT count(*) FROM woken) >= 0;
+WHERE (SELECT count(*) FROM woken) >= 0 AND (SELECT count(*) FROM rewaited) >= 0;
 
 -- name: job_get
 SELECT * FROM {schema}.jobs WHERE id = %(id)s;
@@ -1961,15 +1965,11 @@ met AS (
     GROUP BY dependency.job_id
 ),
 released AS (
-    -- A row update, as in dependents_released: an ack and a death of a job's last two
-    -- dependencies take turns on its row, and exactly one of them queues it.
-    UPDATE {schema}.active_jobs AS job
-    SET pending_dependencies = job.pending_dependencies - met.jobs,
-        state = CASE WHEN job.pending_dependencies - met.jobs <= 0 THEN 'queued'
-                     ELSE 'waiting' END::{schema}.job_state
-    FROM met
-    WHERE job.id = met.job_id AND job.state = 'waiting'
-    RETURNING job.*
+    -- Through a function of the schema's owner: a producer's cancel comes here.
+    SELECT * FROM {schema}.finished_dependents_recounted(
+        ARRAY(SELECT job_id FROM met ORDER BY job_id),
+        ARRAY(SELECT -jobs FROM met ORDER BY job_id)
+    )
 ),
 woken AS (
     SELECT pg_notify({channel_name}, wanted.queue)

@@ -17,6 +17,26 @@ ALTER TABLE {schema}.job_dependencies
     ADD COLUMN position integer,
     ADD COLUMN finished_mode boolean NOT NULL DEFAULT false;
 
+-- Dependents in 'finished' mode counted again, by the statements of a producer's cancel
+-- and retry (job_dependents_cancel, job_retry), which may not change jobs' states
+-- themselves (see ../roles.py): this runs as the schema's owner. Each of job_ids still
+-- waiting adds changes[i] to its pending dependencies: a dependency that ended dead or
+-- cancelled counts off (-1 each), one retried is waited for again (+1); one left with
+-- none is queued. Those changed come back. A row update, as in dependents_released: an
+-- ack and a death of a job's last two dependencies take turns on its row, and exactly
+-- one of them queues it.
+CREATE FUNCTION {schema}.finished_dependents_recounted(job_ids bigint[], changes integer[])
+RETURNS SETOF {schema}.active_jobs
+LANGUAGE sql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+    UPDATE {schema}.active_jobs AS job
+    SET pending_dependencies = job.pending_dependencies + counted.change,
+        state = CASE WHEN job.pending_dependencies + counted.change <= 0 THEN 'queued'
+                     ELSE 'waiting' END::{schema}.job_state
+    FROM unnest(job_ids, changes) AS counted (job_id, change)
+    WHERE job.id = counted.job_id AND job.state = 'waiting'
+    RETURNING job.*
+$$;
+
 CREATE OR REPLACE FUNCTION {schema}.dependents_checked(channel text, fired_by bigint DEFAULT NULL)
 RETURNS TABLE (job_id bigint, state text)
 LANGUAGE plpgsql VOLATILE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
