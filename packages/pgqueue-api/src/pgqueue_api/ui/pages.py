@@ -25,6 +25,7 @@ from pgqueue.queue_metrics import QueueStats
 from pgqueue.schedules import ScheduleInfo
 from pgqueue_api.schemas import (
     JOB_ID_MAX,
+    PARTITION_KEY_MAX_LENGTH,
 )
 from pgqueue_api.ui import graph, views
 from pgqueue_api.ui.common import queue_controls, queue_of, render, require_session
@@ -117,6 +118,7 @@ State = Annotated[
 ]
 Name = Annotated[str | None, Query(max_length=200)]
 After = Annotated[int | None, Query(ge=1, le=JOB_ID_MAX)]
+PartitionKey = Annotated[str | None, Query(max_length=PARTITION_KEY_MAX_LENGTH)]
 
 
 def _tags(text: str | None) -> list[str]:
@@ -148,6 +150,7 @@ def _listing(
         state=filters["state"],
         tags=_tags(filters.get("tag")),
         payload_contains=filters.get("contains"),
+        partition_key=filters.get("partition_key"),
         limit=PAGE_SIZE,
         after=after,
         above=above or None,
@@ -165,14 +168,15 @@ async def jobs_page(
     state: State = None,
     q: Annotated[str | None, Query(max_length=300)] = None,
     tag: Annotated[str | None, Query(max_length=1200)] = None,
+    partition_key: PartitionKey = None,
     contains: Annotated[str | None, Query(max_length=2000)] = None,
     after: After = None,
     bulk: Annotated[Literal["cancel", "retry"] | None, Query()] = None,
     done: Annotated[int | None, Query(ge=0)] = None,
     skipped: Annotated[int | None, Query(ge=0)] = None,
 ) -> Response:
-    """Jobs newest first, filtered by queue, task, state and tags (``tag``, separated by
-    commas: jobs with all of them), a page at a time (keyset: ``after`` is the last id
+    """Jobs newest first, filtered by queue, task, state, tags (``tag``, separated by
+    commas: jobs with all of them) and partition key, a page at a time (keyset: ``after`` is the last id
     of the page before); ``q`` finds one job by id, by idempotency key or by the unique
     key of a queued or running job, or, given a JSON object, lists the jobs whose
     payload contains it (``contains``, as ``GET /jobs?payload_contains=``)."""
@@ -185,6 +189,7 @@ async def jobs_page(
         "task": _blank(task),
         "state": _blank(state),
         "tag": _blank(tag),
+        "partition_key": partition_key or None,  # a key is taken as it is, spaces too
         "contains": _blank(contains),
     }
     not_found = None
@@ -229,6 +234,7 @@ async def jobs_fragment(
     task: Name = None,
     state: State = None,
     tag: Annotated[str | None, Query(max_length=1200)] = None,
+    partition_key: PartitionKey = None,
     contains: Annotated[str | None, Query(max_length=2000)] = None,
     after: After = None,
 ) -> Response:
@@ -239,6 +245,7 @@ async def jobs_fragment(
         "task": _blank(task),
         "state": _blank(state),
         "tag": _blank(tag),
+        "partition_key": partition_key or None,  # a key is taken as it is, spaces too
         "contains": _blank(contains),
     }
     try:
