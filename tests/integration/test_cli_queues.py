@@ -195,7 +195,9 @@ def test_partitions_mistakes_are_one_line(
     assert out.returncode == status, out.stderr
     assert message in out.stderr
     assert "Traceback" not in out.stderr
-    assert len(out.stderr.strip().splitlines()) <= 3  # click's usage lines, at most
+    # One line says what is wrong; before it, at most click's two lines of usage.
+    lines = [line for line in out.stderr.splitlines() if line.strip()]
+    assert message in lines[-1] and len(lines) <= 3, out.stderr
 
 
 def test_enqueue_takes_a_partition_key(queue: Queue, run) -> None:

@@ -17,7 +17,7 @@ from pydantic import Field, StrictBool, StrictFloat, StrictInt
 from starlette.concurrency import run_in_threadpool
 
 from pgqueue import UNSET, Queue, QueueInfo, QueueNotFound, validation
-from pgqueue.queue_control import CONCURRENCY_LIMIT_MAX, RATE_LIMIT_MAX
+from pgqueue.queue_control import CONCURRENCY_LIMIT_MAX, PARTITIONS_PAGE_MAX, RATE_LIMIT_MAX
 from pgqueue_api.errors import error_response
 from pgqueue_api.responses import (
     INVALID,
@@ -198,8 +198,6 @@ def _one_queue(queue: Queue, name: str) -> Response:
     return error_response(404, str(QueueNotFound(name)))
 
 
-PARTITIONS_LIMIT_MAX = 1000
-"""Keys one page of ``GET /queues/{name}/partitions`` may ask for."""
 CURSOR_MAX_LENGTH = 4096
 """Longer than any cursor a page gives (it encodes a key of up to 200 characters),
 short enough to refuse junk before the database sees it."""
@@ -214,7 +212,7 @@ short enough to refuse junk before the database sees it."""
 async def list_partitions(
     name: QueueName,
     queue: QueueDep,
-    limit: Annotated[int, Query(ge=1, le=PARTITIONS_LIMIT_MAX, description="Keys per page.")] = 100,
+    limit: Annotated[int, Query(ge=1, le=PARTITIONS_PAGE_MAX, description="Keys per page.")] = 100,
     after: Annotated[
         str | None,
         Query(

@@ -53,12 +53,10 @@ Name = Annotated[
 ]
 
 
-PARTITION_KEY_MAX_LENGTH = 200
-"""The longest partition key (the core refuses longer ones too)."""
-PARTITION_KEY_RULES = f"1 to {PARTITION_KEY_MAX_LENGTH} characters"
+PARTITION_KEY_RULES = f"1 to {validation.PARTITION_KEY_MAX_LENGTH} characters"
 
 PartitionKey = Annotated[
-    StrictStr, StringConstraints(min_length=1, max_length=PARTITION_KEY_MAX_LENGTH)
+    StrictStr, StringConstraints(min_length=1, max_length=validation.PARTITION_KEY_MAX_LENGTH)
 ]
 """A job's partition key: the lane it takes turns in within its queue."""
 

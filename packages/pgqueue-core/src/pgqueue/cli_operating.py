@@ -14,7 +14,7 @@ import click
 
 from pgqueue.cli import COMMAND_EXIT_STATUSES, _echo_json, database_options, open_queue
 from pgqueue.errors import QueueNotFound
-from pgqueue.queue_control import QueueInfo
+from pgqueue.queue_control import PARTITIONS_PAGE_MAX, QueueInfo
 
 # click types ParamType as generic from 8.2 on; older ones, which pgqueue accepts, cannot
 # be subscripted at run time.
@@ -22,10 +22,6 @@ if TYPE_CHECKING:
     _ParamType = click.ParamType[Any]
 else:
     _ParamType = click.ParamType
-
-
-PARTITIONS_LIMIT_MAX = 1000
-"""Keys one page of ``pgqueue queue partitions`` may show (as ``Queue.partitions`` takes)."""
 
 
 class _LimitType(_ParamType):
@@ -242,7 +238,7 @@ def queue_set(
 @click.argument("name")
 @click.option(
     "--limit",
-    type=click.IntRange(1, PARTITIONS_LIMIT_MAX),
+    type=click.IntRange(1, PARTITIONS_PAGE_MAX),
     default=100,
     show_default=True,
     help="Keys to show, at most.",
