@@ -19,13 +19,13 @@ from pgqueue import (
     Queue,
     ValidationError,
     WorkerInfo,
+    validation,
 )
 from pgqueue.queue import JobPage
 from pgqueue.queue_metrics import QueueStats
 from pgqueue.schedules import ScheduleInfo
 from pgqueue_api.schemas import (
     JOB_ID_MAX,
-    PARTITION_KEY_MAX_LENGTH,
 )
 from pgqueue_api.ui import graph, views
 from pgqueue_api.ui.common import queue_controls, queue_of, render, require_session
@@ -118,7 +118,11 @@ State = Annotated[
 ]
 Name = Annotated[str | None, Query(max_length=200)]
 After = Annotated[int | None, Query(ge=1, le=JOB_ID_MAX)]
-PartitionKey = Annotated[str | None, Query(max_length=PARTITION_KEY_MAX_LENGTH)]
+PartitionKey = Annotated[str | None, Query(max_length=validation.PARTITION_KEY_MAX_LENGTH)]
+
+
+FILTER_NAMES = {"tag": "Tag", "partition_key": "Partition key"}
+"""What the jobs page calls a filter whose value the listing refused."""
 
 
 def _tags(text: str | None) -> list[str]:
@@ -208,7 +212,7 @@ async def jobs_page(
         (page, next_after, window), queue_names = await run_in_threadpool(read)
     except ValidationError as exc:
         # A tag or a payload filter that is not one: say so above an empty page.
-        invalid = f"{'Tag' if exc.field == 'tag' else 'Payload filter'} {exc.message}."
+        invalid = f"{FILTER_NAMES.get(exc.field, 'Payload filter')} {exc.message}."
         page, next_after, window = JobPage(jobs=[], next_after=None), None, None
         queue_names = sorted(s.queue for s in await run_in_threadpool(store.stats))
     return render(

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
-from pgqueue import Queue, ValidationError, validation
+from pgqueue import PartitionInfo, Queue, ValidationError, validation
 from pgqueue.queue_metrics import QueueStats
 from pgqueue_api.ui.common import queue_of, render, require_session
 
@@ -36,7 +36,7 @@ class PartitionsContext(TypedDict):
     """What the partitions page shows."""
 
     stats: QueueStats | None
-    partitions: list[object]
+    partitions: list[PartitionInfo]
     next_after: str | None
     invalid: str | None
 
@@ -53,7 +53,7 @@ def partitions_context(queue: Queue, name: str, after: str | None) -> Partitions
         return {"stats": stats, "partitions": [], "next_after": None, "invalid": exc.message}
     return {
         "stats": stats,
-        "partitions": list(page.partitions),
+        "partitions": page.partitions,
         "next_after": page.next_after,
         "invalid": None,
     }
