@@ -25,7 +25,7 @@ import uvicorn
 import uvicorn.config
 
 from pgqueue import PgQueueError, connections, migrations
-from pgqueue.cli import (
+from pgqueue.cli_support import (
     EXIT_ERROR,
     EXIT_OK,
     EXIT_USAGE,

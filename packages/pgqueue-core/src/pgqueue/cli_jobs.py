@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from pgqueue import validation
-from pgqueue.cli import (
+from pgqueue.cli_support import (
     COMMAND_EXIT_STATUSES,
     ERROR_STATUS,
     EXIT_OK,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from pgqueue.cli import COMMAND_EXIT_STATUSES, _echo_json, database_options, open_queue
+from pgqueue.cli_support import COMMAND_EXIT_STATUSES, _echo_json, database_options, open_queue
 from pgqueue.errors import QueueNotFound
 from pgqueue.queue_control import PARTITIONS_PAGE_MAX, QueueInfo
 

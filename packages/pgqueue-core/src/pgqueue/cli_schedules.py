@@ -7,7 +7,7 @@ from datetime import datetime
 
 import click
 
-from pgqueue.cli import COMMAND_EXIT_STATUSES, _echo_json, database_options, open_queue
+from pgqueue.cli_support import COMMAND_EXIT_STATUSES, _echo_json, database_options, open_queue
 from pgqueue.schedules import ScheduleInfo
 
 

@@ -7,7 +7,7 @@ import click
 import psycopg
 
 from pgqueue import embedded, migrations, roles
-from pgqueue.cli import (
+from pgqueue.cli_support import (
     COMMAND_EXIT_STATUSES,
     EXIT_ERROR,
     EXIT_NOT_RUNNING,

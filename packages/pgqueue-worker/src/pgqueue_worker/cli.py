@@ -18,7 +18,7 @@ import click
 from pgqueue import validation
 from pgqueue.backoff import DEFAULT_BASE_SECONDS, DEFAULT_CAP_SECONDS
 from pgqueue.claiming import CLAIM_MODES
-from pgqueue.cli import database_options, parse_duration
+from pgqueue.cli_support import database_options, parse_duration
 from pgqueue.settings import DEFAULT_LEASE_SECONDS, DEFAULT_QUEUE
 from pgqueue_worker import logging_setup
 from pgqueue_worker.prepare import DEFAULT_BURST_GIVE_UP_AFTER, prepare_worker

@@ -16,7 +16,7 @@ import pluggy
 
 from pgqueue import DatabaseUnavailable, LifecycleHooks, Queue, ValidationError, validation
 from pgqueue.claiming import default_worker_id
-from pgqueue.cli import not_migrated, resolve_url
+from pgqueue.cli_support import not_migrated, resolve_url
 from pgqueue.gc_tuning import tune_garbage_collector
 from pgqueue.migrations import UnknownSchemaVersion
 from pgqueue.plugins import PluginLoadError, check_hooks, get_plugin_manager, plugin_error
