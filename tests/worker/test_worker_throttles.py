@@ -235,3 +235,27 @@ def test_a_job_without_a_key_throttled_by_partition_waits_alone(
     reruns = [r for r in runs if r.job_id == throttler.id]
     assert [r.outcome for r in reruns] == ["throttled", "ok"]
     assert reruns[1].started_at - first.ended_at >= timedelta(seconds=seconds)
+
+
+def test_an_operators_throttle_of_a_key_holds_like_a_handlers(
+    queue: Queue, db, schema: str, flow_runs: dict[str, str], start_worker
+) -> None:
+    seconds = 2.0
+    queue.enqueue_many(
+        JobSpec("record", {"sleep": 0.2}, queue="flow", partition_key=key)
+        for key, count in (("held", 20), ("free", 60))
+        for _ in range(count)
+    )
+    start_flow_workers(start_worker, 2, flow_runs, "--queue", "flow", "--concurrency", "2")
+    wait_for(lambda: len(read_runs(db, schema)) >= 4, 60, what="jobs to start")
+    queue.throttle("flow", seconds, partition_key="held")
+    until = _partition_throttle(queue, "flow", "held")
+    assert until is not None
+    began = until - timedelta(seconds=seconds)
+    _wait_succeeded(queue, "flow", 80)
+
+    runs = read_runs(db, schema)
+    during = (began + CLAIMED_AHEAD, until)
+    assert _started_within([r for r in runs if r.partition_key == "held"], *during) == []
+    assert len(_started_within([r for r in runs if r.partition_key == "free"], *during)) >= 3
+    assert [r for r in runs if r.partition_key == "held" and r.started_at >= until]
