@@ -57,3 +57,14 @@ def test_priority_comes_before_the_keys_turn(queue: Queue) -> None:
         queue.enqueue("t", queue="q", partition_key=key, priority=0)
     urgent = queue.enqueue("t", queue="q", partition_key="z", priority=5).job.id
     assert _claim(queue, 1) == {urgent}
+
+
+def test_a_queue_with_settings_keeps_the_claim_order_across_queues(queue: Queue) -> None:
+    # Without keys, a claim of several queues takes priority, run_at, id across them
+    # (job_claim does); a concurrency limit that leaves room must not change that.
+    queue.update_queue("a", concurrency_limit=10, create=True)
+    a1 = queue.enqueue("t", queue="a").job.id
+    a2 = queue.enqueue("t", queue="a").job.id
+    queue.enqueue("t", queue="b")
+    claimed = WorkerProtocol(queue).claim(["a", "b"], ["t"], 2, worker_id="w")
+    assert {job.id for job in claimed} == {a1, a2}
