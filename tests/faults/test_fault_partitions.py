@@ -1,4 +1,4 @@
-"""Scenario 12: partition concurrency limits under races, a SIGKILLed worker and a
+"""Scenario 14: partition concurrency limits under races, a SIGKILLed worker and a
 PostgreSQL restart.
 
 Many worker processes claim jobs of a few partition keys at once; the queue's
@@ -141,7 +141,7 @@ def test_many_workers_claiming_at_once_never_exceed_a_keys_limit(
     assert verdict.broken_promises() == {}
     assert verdict.states == {"succeeded": 400}
     record_figures(
-        "12-partition-limit-race",
+        "14-partition-limit-race",
         verdict.figures(
             workers=8,
             partition_concurrency_limit=limit,
@@ -196,7 +196,7 @@ def test_a_killed_workers_slot_of_a_key_comes_back_with_the_reaper(
     assert verdict.broken_promises() == {}
     assert verdict.states == {"succeeded": 27}
     record_figures(
-        "12-partition-killed-worker",
+        "14-partition-killed-worker",
         verdict.figures(most_running_per_key=dict(sampler.most), samples=sampler.samples),
     )
 
@@ -229,7 +229,7 @@ def test_partition_limits_hold_across_a_server_restart(
     assert verdict.broken_promises() == {}
     assert verdict.states == {"succeeded": 240}
     record_figures(
-        f"12-partition-restart-{mode}",
+        f"14-partition-restart-{mode}",
         verdict.figures(
             recovery_seconds=verdict.recovery_seconds(restarted_at),
             most_running_per_key=dict(sampler.most),
