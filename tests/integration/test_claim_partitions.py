@@ -59,9 +59,18 @@ def test_priority_comes_before_the_keys_turn(queue: Queue) -> None:
     assert _claim(queue, 1) == {urgent}
 
 
+def test_a_claim_of_several_queues_takes_priority_run_at_id_across_them(queue: Queue) -> None:
+    # No settings, no keys: a claim of queues a and b takes the three oldest jobs,
+    # all of a (claim()'s docstring; so it did before partition keys). A WorkerProtocol's
+    # first claim of a list of queues is sent with job_claim_limited, as is every claim
+    # once one of the queues has settings or queued jobs with a key.
+    a = [queue.enqueue("t", queue="a").job.id for _ in range(3)]
+    queue.enqueue("t", queue="b")
+    claimed = WorkerProtocol(queue).claim(["a", "b"], ["t"], 3, worker_id="w")
+    assert {job.id for job in claimed} == set(a)
+
+
 def test_a_queue_with_settings_keeps_the_claim_order_across_queues(queue: Queue) -> None:
-    # Without keys, a claim of several queues takes priority, run_at, id across them
-    # (job_claim does); a concurrency limit that leaves room must not change that.
     queue.update_queue("a", concurrency_limit=10, create=True)
     a1 = queue.enqueue("t", queue="a").job.id
     a2 = queue.enqueue("t", queue="a").job.id
