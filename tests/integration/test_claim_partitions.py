@@ -59,6 +59,12 @@ def test_priority_comes_before_the_keys_turn(queue: Queue) -> None:
     assert _claim(queue, 1) == {urgent}
 
 
+def test_priority_comes_before_the_lanes_shares(queue: Queue) -> None:
+    urgent = [queue.enqueue("t", queue="q", priority=5).job.id for _ in range(2)]
+    queue.enqueue("t", queue="q", partition_key="a", priority=0)
+    assert _claim(queue, 2) == set(urgent)
+
+
 def test_a_claim_of_several_queues_takes_priority_run_at_id_across_them(queue: Queue) -> None:
     # No settings, no keys: a claim of queues a and b takes the three oldest jobs,
     # all of a (claim()'s docstring; so it did before partition keys). A WorkerProtocol's
