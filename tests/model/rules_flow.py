@@ -7,12 +7,8 @@ Every claim of that queue must take exactly the jobs the model's claim order say
 claim, no key runs more jobs than its limit and nothing is claimed of a key or a queue
 whose throttle has not ended.
 
-The examples stay where the claim order is settled and the statement is known to keep
-it: the jobs of that queue have priority 0, none is enqueued with a delay, and only a
-job without a key is snoozed by a throttle of scope "job" (a key whose only jobs are
-not runnable yet holds back the others' claims: see
-tests/integration/test_claim_partitions.py). Throttles last an hour, until the test
-ends them all at once (time passing), with the jobs they put back.
+Throttles last an hour, until the test ends them all at once (time passing), with the
+jobs they put back.
 """
 
 from __future__ import annotations
@@ -31,15 +27,22 @@ THROTTLE_SECONDS = 3600.0
 class FlowRules:
     """Keyed enqueues, partition limits, claims of the keyed queue, and throttles."""
 
-    @rule(keys=st.lists(st.none() | st.sampled_from(PARTITIONS), min_size=1, max_size=4))
-    def enqueue_with_partition_keys(self, keys: list[str | None]) -> None:
-        """One batch, each job with its key (or none)."""
+    @rule(
+        jobs=st.lists(
+            st.tuples(st.none() | st.sampled_from(PARTITIONS), st.integers(-1, 1)),
+            min_size=1,
+            max_size=4,
+        )
+    )
+    def enqueue_with_partition_keys(self, jobs: list[tuple[str | None, int]]) -> None:
+        """One batch, each job with its key (or none) and its priority."""
         self._step()
         specs = [
-            JobSpec(TASK, {"n": n}, queue=FLOW_QUEUE, partition_key=k) for n, k in enumerate(keys)
+            JobSpec(TASK, {"n": n}, queue=FLOW_QUEUE, partition_key=key, priority=priority)
+            for n, (key, priority) in enumerate(jobs)
         ]
         results = self.queue.enqueue_many(specs)
-        for key, result in zip(keys, results, strict=True):
+        for (key, _), result in zip(jobs, results, strict=True):
             assert result.created and result.job.partition_key == key
             self._add(result.job, False, None)
 
@@ -107,8 +110,8 @@ class FlowRules:
     @rule(pick=st.integers(0, 1000), scope=st.sampled_from(["job", "partition", "queue"]))
     def handler_throttles(self, pick: int, scope: str) -> None:
         """A handler of a job of the keyed queue raises Throttle: the job goes back,
-        snoozed, its attempt given back; its key or its queue is held back too. Only a
-        job without a key is snoozed alone (see the module's docstring)."""
+        snoozed, its attempt given back; its key or its queue is held back too (a job
+        without a key throttled by "partition" waits alone, as with "job")."""
         self._step()
         held = [
             (w, h)
@@ -118,8 +121,6 @@ class FlowRules:
         ]
         worker, holding = held[pick % len(held)]
         job = self.model.jobs[holding.job_id]
-        if scope == "job" and job.partition is not None:
-            scope = "partition"
         written = self._protocol().throttle_many(
             [(holding.claimed, Throttle(THROTTLE_SECONDS, scope))]
         )
