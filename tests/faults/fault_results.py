@@ -95,6 +95,21 @@ FAULTS: dict[str, str] = {
         "producers enqueue dependents of running jobs in transactions held open for three "
         "leases (a quarter rolled back)"
     ),
+    "14-partition-limit-race": (
+        "8 workers claiming jobs of 4 partition keys at once under "
+        "`partition_concurrency_limit = 2`"
+    ),
+    "14-partition-killed-worker": (
+        "a worker SIGKILLed holding the only slot of a key (`partition_concurrency_limit = 1`)"
+    ),
+    "14-partition-restart-fast": (
+        "PostgreSQL restarted (`pg_ctl stop -m fast`, start) while workers run jobs of "
+        "3 keys under `partition_concurrency_limit = 2`"
+    ),
+    "14-partition-restart-immediate": (
+        "PostgreSQL crash (`pg_ctl stop -m immediate`, start) while workers run jobs of "
+        "3 keys under `partition_concurrency_limit = 2`"
+    ),
 }
 
 

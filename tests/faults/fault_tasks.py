@@ -11,6 +11,11 @@ stored result names the one attempt whose ack was written.
 Optional misbehaviour, decided per invocation: ``fail_rate`` (raise), ``stall_rate``
 with ``stall_seconds`` (overrun the lease, so the reaper takes the job back).
 
+``fault_partition_work`` is ``fault_work`` for jobs with partition keys: it also
+appends a line when it starts and when it ends (``start|end job_id attempt key time
+pid``, wall-clock time) to ``spans-<pid>.log`` in the same directory, from which a
+scenario counts how many jobs of one key ran at once.
+
 ``fault_decode`` stands for a handler with a payload contract (``{"image": <base64>}``)
 that some producer did not respect.
 """
@@ -29,6 +34,8 @@ from pgqueue_bench.deliveries import LazyInvocationLog
 
 RUN_DIR_VARIABLE = "PGQUEUE_FAULTS_RUN_DIR"
 WORK_TASK = "fault_work"
+PARTITION_TASK = "fault_partition_work"
+SPANS_PREFIX = "spans-"
 DECODE_TASK = "fault_decode"
 
 _invocations = LazyInvocationLog(RUN_DIR_VARIABLE)
@@ -63,6 +70,30 @@ def work(payload: dict[str, Any], job: Job) -> dict[str, Any]:
     return {"attempt": job.attempts, "token": str(job.lease_token), "pid": os.getpid()}
 
 
+def _span(edge: str, job: Job) -> None:
+    """One line, in one unbuffered append: lines of concurrent handlers never mix, and
+    a SIGKILL loses none that was written."""
+    directory = os.environ.get(RUN_DIR_VARIABLE)
+    if not directory:
+        return
+    line = f"{edge} {job.id} {job.attempts} {job.partition_key} {time.time():.6f} {os.getpid()}\n"
+    path = os.path.join(directory, f"{SPANS_PREFIX}{os.getpid()}.log")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        os.write(fd, line.encode())
+    finally:
+        os.close(fd)
+
+
+def partition_work(payload: dict[str, Any], job: Job) -> dict[str, Any]:
+    """:func:`work`, between a start and an end line of the job's span."""
+    _span("start", job)
+    try:
+        return work(payload, job)
+    finally:
+        _span("end", job)
+
+
 def decode(payload: dict[str, Any], job: Job) -> dict[str, int]:
     """Decode ``payload["image"]`` (base64) and return its size; anything else raises."""
     _record_invocation(job)
@@ -75,4 +106,5 @@ def decode(payload: dict[str, Any], job: Job) -> dict[str, int]:
 @hookimpl
 def register_tasks(register: Callable[..., None]) -> None:
     register(WORK_TASK, work)
+    register(PARTITION_TASK, partition_work)
     register(DECODE_TASK, decode)

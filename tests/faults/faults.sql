@@ -95,3 +95,9 @@ SELECT pg_is_in_recovery() AS in_recovery;
 -- name: deadlocks_reported
 -- Deadlocks the server detected in this database since its statistics were reset.
 SELECT deadlocks FROM pg_stat_database WHERE datname = current_database();
+
+-- name: running_per_partition
+-- How many jobs of each partition key are running (claimed and not finished) now.
+SELECT partition_key, count(*) AS running FROM {schema}.active_jobs
+WHERE state = 'running' AND queue = %(queue)s
+GROUP BY partition_key;

@@ -18,6 +18,9 @@ from datetime import datetime
 from typing import Any
 
 QUEUES = ("a", "b")
+FLOW_QUEUE = "k"
+"""The queue of jobs with partition keys (rules_flow.py): claimed on its own."""
+PARTITIONS = ("p0", "p1", "p2")
 TASK = "t"
 FINISHED = ("succeeded", "dead", "cancelled")
 STATES = ("waiting", "queued", "running", *FINISHED)
@@ -63,6 +66,11 @@ class ModelJob:
     finished_mode: bool = False
     """Enqueued with dependency_mode="finished": it waits for its dependencies to be
     final in any state, and is never cancelled by them."""
+    partition: str | None = None
+    """Its partition key."""
+    snoozed: bool = False
+    """Put back by a handler's Throttle, runnable an hour later (until the test lets
+    the throttles end)."""
 
 
 @dataclass
@@ -119,6 +127,14 @@ class QueueModel:
     expiries: int = 0
     """Leases expired so far."""
     revived: set[int] = field(default_factory=set)
+    partition_limits: dict[str, int] = field(default_factory=dict)
+    """Jobs of one partition key of a queue that may run at once (absent: no limit)."""
+    throttled_queues: set[str] = field(default_factory=set)
+    """Queues whose throttle has not ended: nothing is claimed from them."""
+    throttled_keys: set[tuple[str, str]] = field(default_factory=set)
+    """(queue, partition key) whose throttle has not ended: skipped by claims."""
+    turns: dict[str, str] = field(default_factory=dict)
+    """Per queue, the partition key its last claim of keyed jobs served last."""
     """Jobs retried at least once: a dependent in "finished" mode released before such
     a retry may run beside its dependency's new attempt."""
 
@@ -150,23 +166,71 @@ class QueueModel:
         """Jobs a claim on ``queue`` may take, in claim order (priority DESC, run_at, id).
 
         Retried jobs wait a backoff of at most a millisecond, which the test lets pass
-        before each claim; delayed jobs wait an hour."""
+        before each claim; delayed (and snoozed) jobs wait an hour."""
         ready = [j for j in self.jobs.values() if j.queue == queue and j.state == "queued"]
-        ready = [j for j in ready if not j.delayed]
+        ready = [j for j in ready if not j.delayed and not j.snoozed]
         return sorted(ready, key=lambda j: (-j.priority, j.run_at, j.id))
 
     def claimable(self, queue: str, limit: int) -> list[ModelJob]:
-        """What a claim of up to ``limit`` jobs from ``queue`` must take: nothing while
-        the queue is paused or starved by its rate limit, no more than its concurrency
-        limit leaves room for."""
-        if queue in self.paused or queue in self.starved:
+        """What a claim of up to ``limit`` jobs from ``queue`` must take, in claim order:
+        nothing while the queue is paused, throttled or starved by its rate limit, no
+        more than its concurrency limit leaves room for.
+
+        Claim order: priority first; within a priority, one job per lane per round,
+        the jobs without a key a lane of their own served first, then the keys in text
+        order after the one the queue's last claim served (wrapping); within a lane,
+        run_at then id. Keys throttled or at their partition concurrency limit are
+        passed over, and none gives more than its limit leaves room for."""
+        if queue in self.paused or queue in self.starved or queue in self.throttled_queues:
             return []
         if queue in self.concurrency_limits:
-            running = sum(
-                1 for j in self.jobs.values() if j.queue == queue and j.state == "running"
-            )
-            limit = min(limit, max(0, self.concurrency_limits[queue] - running))
-        return self.runnable(queue)[:limit]
+            limit = min(limit, max(0, self.concurrency_limits[queue] - self.running(queue)))
+        room: dict[str | None, int] = {}
+        ranked = []
+        rounds: dict[tuple[str | None, int], int] = {}
+        for job in self.runnable(queue):
+            key = job.partition
+            if key is not None and key not in room:
+                room[key] = self._key_room(queue, key)
+            lane = (key, job.priority)
+            rounds[lane] = rounds.get(lane, 0) + 1
+            ranked.append((-job.priority, rounds[lane], self._place(queue, key), job))
+        ranked.sort(key=lambda r: (r[0], r[1], r[2], r[3].run_at, r[3].id))
+        taken = []
+        for *_, job in ranked:
+            if len(taken) == limit:
+                break
+            if job.partition is not None:
+                if room[job.partition] <= 0:
+                    continue
+                room[job.partition] -= 1
+            taken.append(job)
+        return taken
+
+    def running(self, queue: str, partition: str | None = None) -> int:
+        """Running jobs of ``queue`` (of one partition key, if given)."""
+        return sum(
+            1
+            for j in self.jobs.values()
+            if j.queue == queue
+            and j.state == "running"
+            and (partition is None or j.partition == partition)
+        )
+
+    def _key_room(self, queue: str, key: str) -> int:
+        if (queue, key) in self.throttled_keys:
+            return 0
+        if queue not in self.partition_limits:
+            return 2**31
+        return max(0, self.partition_limits[queue] - self.running(queue, key))
+
+    def _place(self, queue: str, key: str | None) -> tuple[int, str]:
+        """A lane's place in a round: the keyless lane first, then the keys after the
+        queue's turn, then (wrapped) those up to it."""
+        if key is None:
+            return (0, "")
+        turn = self.turns.get(queue)
+        return (1 if turn is None or key > turn else 2, key)
 
     def reapable(self, limit: int) -> list[int]:
         """The running jobs a reaper round of up to ``limit`` takes: expired leases,
@@ -360,7 +424,7 @@ class QueueModel:
     def retried(self, job_id: int, run_at: datetime, state: str) -> None:
         """A retry that left the job in ``state``, one of :meth:`retry_outcomes`."""
         job = self.jobs[job_id]
-        job.attempts, job.run_at, job.delayed = 0, run_at, False
+        job.attempts, job.run_at, job.delayed, job.snoozed = 0, run_at, False, False
         job.age, job.in_default, job.reason = 0, False, None
         job.state, job.pending = state, set()
         self.revived.add(job_id)

@@ -424,5 +424,6 @@ class ProducingRules:
             delayed=delayed,
             key=key,
             unique_key=job.unique_key,
+            partition=job.partition_key,
         )
         self.model.enqueued(created, depends_on or set())

@@ -22,7 +22,11 @@ Hypothesis drives pgqueue's core on real PostgreSQL through sequences of:
   reading jobs back (rules_operating.py);
 - schedules declared, switched and ticked (rules_schedules.py);
 - callbacks in dependency_mode="finished" over jobs in any state and over groups of a
-  batch, some of which die (rules_dependency_modes.py).
+  batch, some of which die (rules_dependency_modes.py);
+- jobs with partition keys on a queue of their own, claimed round-robin across keys
+  from the key after the last one served, under a partition concurrency limit, and
+  throttles of a job, a key or the queue, by a handler (current and stale leases) or an
+  operator, ended by time passing (rules_flow.py).
 
 After every step the whole database is compared with the model (queue_model.py; see
 invariants.py): each job's state, attempts, lease and its expiry, the reason of a
@@ -30,8 +34,10 @@ cancellation by a dependency, that it is in exactly one of the two job tables, t
 nothing appeared or disappeared before it was pruned; the dependency edges and the
 queues' counts; that nothing is queued or running before its dependencies succeeded;
 that timestamps are in the order of the events; that the application table holds
-exactly one row per job completed in a committed transaction, none for any other. Claims must take exactly what the model
-says, so a waiting job is never claimed, nor a job of a paused queue.
+exactly one row per job completed in a committed transaction, none for any other; that
+the throttles in force are the model's. Claims must take exactly what the model says,
+so a waiting job is never claimed, nor a job of a paused or throttled queue or key, nor
+one past its key's concurrency limit.
 
 The only SQL the test writes itself stands for time passing (a lease's expiry, a job's
 history, a schedule's next run moved into the past) or for another client's rows.
@@ -59,6 +65,7 @@ from model_results import write_model_results
 from psycopg import sql
 from rules_dependency_modes import DependencyModeRules
 from rules_effects import EffectsRules
+from rules_flow import FlowRules
 from rules_operating import OperatingRules
 from rules_producing import ProducingRules
 from rules_schedules import ScheduleRules
@@ -74,6 +81,7 @@ class QueueMachine(
     OperatingRules,
     ScheduleRules,
     DependencyModeRules,
+    FlowRules,
     Invariants,
     MachineBase,
 ):

@@ -7,7 +7,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
+from partition_handlers import RUNS_COLUMNS
+from psycopg import sql
 from worker_support import ThreadedWorker, WorkerProcess, worker_environment
 
 from pgqueue import Queue
@@ -60,3 +63,18 @@ def run_worker(queue: Queue) -> Iterator[Callable[..., ThreadedWorker]]:
         threaded.worker.stop()
     for threaded in running:
         threaded.thread.join(60)
+
+
+@pytest.fixture
+def flow_runs(db: psycopg.Connection, schema: str, database_url: str) -> dict[str, str]:
+    """The table partition_handlers.py writes each invocation to, and the environment
+    that tells a worker process where it is."""
+    db.execute(
+        sql.SQL("CREATE TABLE {} ({})").format(
+            sql.Identifier(schema, "runs"), sql.SQL(RUNS_COLUMNS)
+        )
+    )
+    return {
+        "PGQUEUE_TEST_DATABASE_URL": database_url,
+        "PGQUEUE_TEST_RUNS_TABLE": f"{schema}.runs",
+    }
