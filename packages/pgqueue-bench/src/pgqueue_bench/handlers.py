@@ -2,7 +2,9 @@
 
     pgqueue worker --handlers pgqueue_bench.handlers:HANDLERS
 
-``bench_noop`` does nothing, to measure the queue alone. ``bench_record_delivery``
+``bench_noop`` does nothing, to measure the queue alone. ``bench_sleep`` sleeps
+``payload["sleep_ms"]`` milliseconds and touches nothing else: a job of a known length
+that costs the database only its claim and ack. ``bench_record_delivery``
 commits a delivery row, then works for a random 10-50 ms (``payload["work_ms"]``
 overrides the range); the crash and restart drivers count those rows.
 
@@ -24,6 +26,7 @@ from pgqueue import Job, JobSpec
 from pgqueue_bench.deliveries import DeliveryRecorder, InvocationLog
 
 NOOP_TASK = "bench_noop"
+SLEEP_TASK = "bench_sleep"
 RECORD_TASK = "bench_record_delivery"
 
 DATABASE_URL_VARIABLE = "PGQUEUE_BENCH_DATABASE_URL"
@@ -59,6 +62,11 @@ def noop(payload: dict[str, Any]) -> None:
     return None
 
 
+def sleep(payload: dict[str, Any]) -> None:
+    """Sleep ``payload["sleep_ms"]`` milliseconds: a handler's fixed time, nothing else."""
+    time.sleep(float(payload["sleep_ms"]) / 1000)
+
+
 def record_delivery(payload: dict[str, Any], job: Job) -> None:
     """Log the invocation, commit a delivery row, then work for 10-50 ms."""
     recorder, invocations = _recording_targets()
@@ -69,7 +77,7 @@ def record_delivery(payload: dict[str, Any], job: Job) -> None:
     time.sleep(random.uniform(low, high) / 1000)
 
 
-HANDLERS = {NOOP_TASK: noop, RECORD_TASK: record_delivery}
+HANDLERS = {NOOP_TASK: noop, SLEEP_TASK: sleep, RECORD_TASK: record_delivery}
 
 
 def recording_jobs(
