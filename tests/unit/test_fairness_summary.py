@@ -20,7 +20,16 @@ ENVIRONMENT = {
 
 
 def _latency(p50: float, p99: float) -> dict[str, Any]:
-    return {"jobs": 10, "latency_ms": {"p50": p50, "p95": p99, "p99": p99, "mean": p50, "max": p99}}
+    """A tenant's figures; its handlers started 5 ms after their claims."""
+
+    def percentiles(p50: float, p99: float) -> dict[str, float]:
+        return {"p50": p50, "p95": p99, "p99": p99, "mean": p50, "max": p99}
+
+    return {
+        "jobs": 10,
+        "latency_ms": percentiles(p50, p99),
+        "to_handler_start_ms": percentiles(p50 + 5, p99 + 5),
+    }
 
 
 def _run(
@@ -78,6 +87,11 @@ def test_ratios_pair_the_phases_within_each_repeat() -> None:
     assert summary["phases"]["partition-limit"]["runs_not_counted"] == 1
     assert summary["phases"]["fifo"]["tenants"]["big"]["p50"]["median"] == 900.0
     assert summary["runs_not_counted"] == 1
+    # To the handlers' start (5 ms after each claim here): 35 / 25 and 35 / 45.
+    start = summary["to_handler_start_p99_over_alone"]["fair-share"]
+    assert (start["min"], start["max"]) == (pytest.approx(35 / 45), pytest.approx(35 / 25))
+    small = summary["phases"]["fifo"]["small tenants"]
+    assert small["to_handler_start"]["p99"]["median"] == 2105.0
 
 
 def test_targets_hold_when_fair_share_keeps_p99_and_rate() -> None:
@@ -132,11 +146,14 @@ def test_the_results_page_has_a_fairness_section(tmp_path: Path) -> None:
     assert "A large tenant enqueues 20,000 jobs in one transaction" in section
     # Phase, small tenants' p50 and p99, the large tenant's p50 and p99, jobs/s.
     assert (
-        "| `fifo` | 200.0 (200.0-200.0) | 2,100.0 (2,100.0-2,100.0) | 900 (900-900) "
-        "| 1,800 (1,800-1,800) | 1,000 (1,000-1,000) |"
+        "| `fifo` | 200.0 (200.0-200.0) | 2,100.0 (2,100.0-2,100.0) | 2,105.0 (2,105.0-2,105.0) "
+        "| 900 (900-900) | 1,800 (1,800-1,800) | 1,000 (1,000-1,000) |"
     ) in section
     # One repeat of partition-limit was not verified: a single ratio, no range.
     assert "| small-2 | 78.75x (52.50-105.00) | 3.75x (2.50-5.00) | 1.20x |" in section
+    assert (
+        "| small tenants, to handler start | 65.49x (46.78-84.20) | 3.27x (2.33-4.20) | 1.16x |"
+    ) in section
     assert "| jobs/s over `fifo` | - | 0.95x (0.95-0.95) | 0.80x |" in section
     assert "took 3.0-3.0 s to drain; 95%-95% of the small tenants' jobs" in section
     assert "(the worst tenant's median per-repeat ratio) | 3.75x | at most 2x | **no** |" in section

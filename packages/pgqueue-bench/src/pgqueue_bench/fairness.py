@@ -20,9 +20,12 @@ fresh workers, warmed up first:
   partition key, no backlog.
 
 A job's pickup latency is ``started_at - GREATEST(run_at, enqueued_at)``, both on the
-database clock (``started_at`` is the claim; the worker claims ahead of its free
-slots only what they should start within 0.1 s). A run's rate is all its jobs over the
-time from the first job's start to the last one's finish. A run is verified when every
+database clock. ``started_at`` is the claim, and the worker claims ahead of its free
+slots what they should start within 0.1 s, so a job may wait a little longer in the
+worker: its handler notes when it started (:func:`pgqueue_bench.handlers.handler_starts`),
+on this machine's clock, set to the database's by an offset read before the backlog,
+and each pickup figure has a twin to the handler's start. A run's rate is all its jobs
+over the time from the first job's start to the last one's finish. A run is verified when every
 job succeeded at its first attempt. The phases take turns within each repeat, each
 repeat starting with the next one; the summary (:mod:`pgqueue_bench.fairness_summary`)
 pairs the phases within each repeat for the ratios the targets are held to.
@@ -57,6 +60,7 @@ from pgqueue_bench.latency import percentiles
 from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.plot_fairness import plot_fairness
 from pgqueue_bench.progress import LiveLine
+from pgqueue_bench.queries import one_row, statement
 
 QUEUE_NAME = "bench_fairness"
 LOAD_BATCH = 5000
@@ -176,6 +180,17 @@ def _wait_finished(
     observe.wait_for(finished, scenario.timeout, interval=0.1, what="the measured jobs")
 
 
+def clock_offset(url: str) -> float:
+    """Seconds to add to this machine's clock to read the database's: the database's
+    now() against the middle of the round trip that read it."""
+    with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
+        conn.execute(statement("database_now"))  # connected and warm before the reading
+        before = time.time()
+        now = one_row(conn.execute(statement("database_now")))[0]
+        after = time.time()
+    return float(now.timestamp() - (before + after) / 2)
+
+
 def _tenant(job: Job) -> str:
     return str(job.payload["tenant"])
 
@@ -186,19 +201,41 @@ def _pickup_ms(job: Job) -> float | None:
     return (job.started_at - max(job.run_at, job.enqueued_at)).total_seconds() * 1000
 
 
-def run_figures(jobs: list[Job], tenants: Iterable[str]) -> dict[str, Any]:
-    """What one run measured: per tenant, and for the small tenants together, the
-    pickup latencies' percentiles; the rate over all jobs; whether every job succeeded
-    at its first attempt; and, with a backlog, how long it took to drain and the share
-    of the small tenants' jobs enqueued before its last job started."""
+def _to_start_ms(job: Job, starts: dict[int, float], offset: float) -> float | None:
+    started = starts.get(job.id)
+    if started is None:
+        return None
+    return (started + offset - max(job.run_at, job.enqueued_at).timestamp()) * 1000
+
+
+def _latencies(jobs: list[Job], tenants: list[str], value: Any) -> dict[str, list[float]]:
     by_tenant: dict[str, list[float]] = {tenant: [] for tenant in tenants}
     for job in jobs:
-        pickup = _pickup_ms(job)
-        if pickup is not None:
-            by_tenant.setdefault(_tenant(job), []).append(pickup)
-    small = [
+        measured = value(job)
+        if measured is not None:
+            by_tenant.setdefault(_tenant(job), []).append(measured)
+    return by_tenant
+
+
+def _small(by_tenant: dict[str, list[float]]) -> list[float]:
+    return [
         value for tenant, values in by_tenant.items() if tenant != BIG_TENANT for value in values
     ]
+
+
+def run_figures(
+    jobs: list[Job], tenants: Iterable[str], starts: dict[int, float], offset: float
+) -> dict[str, Any]:
+    """What one run measured: per tenant, and for the small tenants together, the
+    percentiles of the pickup latencies, and of the times to the handler's start (from
+    ``starts``, on this machine's clock, which ``offset`` sets to the database's); the
+    rate over all jobs; whether every job succeeded at its first attempt; and, with a
+    backlog, how long it took to drain and the share of the small tenants' jobs
+    enqueued before its last job started."""
+    names = list(tenants)
+    by_tenant = _latencies(jobs, names, _pickup_ms)
+    to_start = _latencies(jobs, names, lambda job: _to_start_ms(job, starts, offset))
+    small = _small(by_tenant)
     started = [job.started_at for job in jobs if job.started_at is not None]
     finished = [job.finished_at for job in jobs if job.finished_at is not None]
     seconds = (max(finished) - min(started)).total_seconds() if started and finished else None
@@ -210,11 +247,21 @@ def run_figures(jobs: list[Job], tenants: Iterable[str]) -> dict[str, Any]:
         "verified": bool(jobs) and good == len(jobs),
         "not_first_attempt_successes": len(jobs) - good,
         "tenants": {
-            tenant: {"jobs": len(values), "latency_ms": percentiles(values)}
+            tenant: {
+                "jobs": len(values),
+                "latency_ms": percentiles(values),
+                "to_handler_start_ms": percentiles(to_start.get(tenant, [])),
+            }
             for tenant, values in by_tenant.items()
             if values
         },
-        "small_tenants": {"jobs": len(small), "latency_ms": percentiles(small)},
+        "small_tenants": {
+            "jobs": len(small),
+            "latency_ms": percentiles(small),
+            "to_handler_start_ms": percentiles(_small(to_start)),
+        },
+        "handler_starts_noted": sum(len(values) for values in to_start.values()),
+        "clock_offset_seconds": offset,
     }
     big = [job for job in jobs if _tenant(job) == BIG_TENANT]
     big_started = [job.started_at for job in big if job.started_at is not None]
@@ -253,6 +300,7 @@ def run_contended(
             )
         fleet.start(scenario.workers)
         warmups = warm_up(queue, QUEUE_NAME, scenario.workers, scenario.timeout, progress, label)
+        offset = clock_offset(url)
         progress.update(f"{label}: loading {scenario.big_jobs} jobs", force=True)
         measured = _load_backlog(url, queue, scenario, keyed=keyed)
         measured |= _trickle(
@@ -267,7 +315,8 @@ def run_contended(
         _wait_finished(queue, fleet, warmups + len(measured), scenario, progress, label)
         progress.clear()
         jobs = [job for job in observe.all_jobs(queue) if job.id in measured]
-    return {"phase": phase, **run_figures(jobs, [BIG_TENANT, *scenario.small])}
+    starts = handlers.handler_starts(log_dir)
+    return {"phase": phase, **run_figures(jobs, [BIG_TENANT, *scenario.small], starts, offset)}
 
 
 def run_alone(
@@ -281,6 +330,7 @@ def run_alone(
     ):
         fleet.start(scenario.workers)
         total = warm_up(queue, QUEUE_NAME, scenario.workers, scenario.timeout, progress, label)
+        offset = clock_offset(url)
         measured: set[int] = set()
         for tenant in scenario.small:
             ids = _trickle(queue, scenario, [tenant], keyed=True, progress=progress, label=label)
@@ -289,7 +339,7 @@ def run_alone(
             _wait_finished(queue, fleet, total, scenario, progress, label)
         progress.clear()
         jobs = [job for job in observe.all_jobs(queue) if job.id in measured]
-    figures = run_figures(jobs, scenario.small)
+    figures = run_figures(jobs, scenario.small, handlers.handler_starts(log_dir), offset)
     # The tenants ran one after another, with pauses between: no rate to speak of.
     figures.update(seconds=None, jobs_per_second=None)
     return {"phase": ALONE, **figures}

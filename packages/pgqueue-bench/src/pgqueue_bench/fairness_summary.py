@@ -30,9 +30,31 @@ P99_OVER_ALONE_AT_MOST = 2.0
 RATE_OVER_FIFO_AT_LEAST = 0.9
 
 
-def _p99(run: dict[str, Any], tenant: str) -> float | None:
+# Each figure of a tenant: the pickup (to the claim) and the time to the handler's start.
+LATENCY = "latency_ms"
+TO_HANDLER_START = "to_handler_start_ms"
+
+
+def _p99(run: dict[str, Any], tenant: str, figure: str = LATENCY) -> float | None:
     entry = run["small_tenants"] if tenant == SMALL_TENANTS else run["tenants"].get(tenant)
-    return None if entry is None else entry["latency_ms"]["p99"]
+    if entry is None or figure not in entry:
+        return None
+    p99: float = entry[figure]["p99"]
+    return p99
+
+
+def _spreads(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """The spread of each percentile of the pickup, and of the time to the handler's
+    start as ``to_handler_start``, over one tenant's entries in the runs."""
+    return {
+        **{p: results.spread(entry[LATENCY][p] for entry in entries) for p in PERCENTILES},
+        "to_handler_start": {
+            p: results.spread(
+                entry[TO_HANDLER_START][p] for entry in entries if TO_HANDLER_START in entry
+            )
+            for p in PERCENTILES
+        },
+    }
 
 
 def _phase_spreads(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -40,20 +62,10 @@ def _phase_spreads(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "jobs_per_second": results.spread(run["jobs_per_second"] for run in runs),
         "tenants": {
-            tenant: {
-                p: results.spread(
-                    run["tenants"][tenant]["latency_ms"][p]
-                    for run in runs
-                    if tenant in run["tenants"]
-                )
-                for p in PERCENTILES
-            }
+            tenant: _spreads([run["tenants"][tenant] for run in runs if tenant in run["tenants"]])
             for tenant in tenants
         },
-        SMALL_TENANTS: {
-            p: results.spread(run["small_tenants"]["latency_ms"][p] for run in runs)
-            for p in PERCENTILES
-        },
+        SMALL_TENANTS: _spreads([run["small_tenants"] for run in runs]),
     }
 
 
@@ -100,6 +112,14 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
         for phase in contended
         if ALONE in present
     }
+    # The same for the small tenants together, to the handler's start.
+    start_p99_over_alone = {
+        phase: results.spread(
+            _paired(runs, phase, ALONE, lambda run: _p99(run, SMALL_TENANTS, TO_HANDLER_START))
+        )
+        for phase in contended
+        if ALONE in present
+    }
     rate_over_fifo = {
         phase: results.spread(_paired(runs, phase, FIFO, lambda run: run["jobs_per_second"]))
         for phase in contended
@@ -131,6 +151,7 @@ def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "phases": phases,
         "p99_over_alone": p99_over_alone,
+        "to_handler_start_p99_over_alone": start_p99_over_alone,
         "jobs_per_second_over_fifo": rate_over_fifo,
         "targets": targets,
         "runs_not_counted": len(runs) - len(counted),
