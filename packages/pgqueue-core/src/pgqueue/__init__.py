@@ -35,10 +35,11 @@ from pgqueue.migrations import migrate
 from pgqueue.outcomes import OutcomeBatch
 from pgqueue.plugins import get_plugin_manager
 from pgqueue.queue import JobPage, Queue
-from pgqueue.queue_control import UNSET, QueueInfo
+from pgqueue.queue_control import UNSET, PartitionInfo, PartitionPage, QueueInfo
 from pgqueue.queue_metrics import QueueStats
 from pgqueue.registry import UnservedTask, WorkerInfo, WorkerRegistration
 from pgqueue.task_handlers import TaskHandler, collect_tasks
+from pgqueue.throttle import Throttle, retry_after_seconds
 from pgqueue.worker_protocol import AckedClaim, WorkerProtocol
 
 __all__ = [
@@ -66,12 +67,15 @@ __all__ = [
     "NoDatabaseConfigured",
     "NotAnAttempt",
     "OutcomeBatch",
+    "PartitionInfo",
+    "PartitionPage",
     "PgQueueError",
     "Queue",
     "QueueInfo",
     "QueueNotFound",
     "QueueStats",
     "TaskHandler",
+    "Throttle",
     "UniqueKeyHeld",
     "UnknownDependencies",
     "UnservedTask",
@@ -88,4 +92,5 @@ __all__ = [
     "get_plugin_manager",
     "hookimpl",
     "migrate",
+    "retry_after_seconds",
 ]

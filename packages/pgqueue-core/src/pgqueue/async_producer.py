@@ -70,7 +70,7 @@ class AsyncProducer:
     ) -> EnqueueResult:
         """:meth:`pgqueue.Queue.enqueue`, awaited, with the same keyword arguments (queue,
         priority, delay_seconds, run_at, idempotency_key, max_attempts, timeout_seconds,
-        unique_key, depends_on, dependency_mode, tags) but ``conn``: inside a transaction of
+        unique_key, depends_on, dependency_mode, tags, partition_key) but ``conn``: inside a transaction of
         your own, use ``Queue.enqueue(conn=...)``."""
         return await self.enqueue_spec(JobSpec(task, {} if payload is None else payload, **options))
 

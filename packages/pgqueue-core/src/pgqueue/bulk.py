@@ -78,6 +78,7 @@ def copy_jobs(
                 spec.timeout_seconds,
                 trace_context,
                 list(spec.tags) if spec.tags else None,
+                spec.partition_key,
             )
             copy.write_row((*first, run_at, *rest) if timed else first + rest)
             jobs.append(spec.queued_job(job_id, run_at, now, loaded_payload=payload))

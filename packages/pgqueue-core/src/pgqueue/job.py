@@ -90,6 +90,10 @@ class Job:
     holds it: ``fraction``, ``message`` and ``at`` (ISO 8601 text, when it was
     written), or None until a handler reports. Column ``progress``; kept once the job
     has finished."""
+    partition_key: str | None = None
+    """The tenant, customer or account it was enqueued for, if any: jobs with a key are
+    claimed round-robin across keys, and the queue's partition limits hold per key (see
+    docs/operating-queues.md)."""
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> Job:

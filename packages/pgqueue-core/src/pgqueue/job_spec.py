@@ -56,6 +56,9 @@ class JobSpec:
     tags: tuple[str, ...] = ()
     """Labels to find the job by (``Queue.list(tags=...)``): at most 16 strings of 1 to
     64 characters, each kept once."""
+    partition_key: str | None = None
+    """The tenant, customer or account the job is for (1 to 200 characters): claims
+    take jobs round-robin across keys, and the queue's partition limits hold per key."""
     payload_text: str = field(init=False, repr=False, compare=False)
     """The payload as the JSON text that is stored (validated and measured once)."""
     dependencies: tuple[int | BatchItem, ...] = field(init=False, repr=False, compare=False)
@@ -76,6 +79,7 @@ class JobSpec:
         depends_on: Sequence[int | BatchItem] = (),
         dependency_mode: str = "succeeded",
         tags: Sequence[str] = (),
+        partition_key: str | None = None,
     ) -> None:
         """Check every field; raises :class:`~pgqueue.errors.ValidationError` naming the
         first one that is wrong."""
@@ -97,6 +101,8 @@ class JobSpec:
             validation.unique_key(unique_key)
         if timeout_seconds is not None:
             validation.seconds("timeout_seconds", timeout_seconds, positive=True)
+        if partition_key is not None:
+            validation.partition_key(partition_key)
         if dependency_mode not in DEPENDENCY_MODES:
             raise ValidationError(
                 "dependency_mode", f"must be one of {', '.join(map(repr, DEPENDENCY_MODES))}"
@@ -120,6 +126,7 @@ class JobSpec:
             depends_on=depends_on,
             dependency_mode=dependency_mode,
             tags=validation.tags(tags) if tags else (),
+            partition_key=partition_key,
             payload_text=validation.payload(payload),
             dependencies=checked(depends_on) if depends_on else (),
         )
@@ -161,6 +168,7 @@ class JobSpec:
         values["idempotency_key"] = self.idempotency_key
         values["unique_key"] = self.unique_key
         values["tags"] = list(self.tags)
+        values["partition_key"] = self.partition_key
         return Job.from_fields(values)
 
     def params(self) -> dict[str, Any]:
@@ -180,4 +188,5 @@ class JobSpec:
             # array of arrays must be rectangular). NULL for none.
             "tags": list(self.tags) if self.tags else None,
             "tags_json": json.dumps(list(self.tags)) if self.tags else None,
+            "partition_key": self.partition_key,
         }

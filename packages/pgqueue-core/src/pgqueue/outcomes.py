@@ -23,6 +23,7 @@ from pgqueue.errors import LeaseLost, ValidationError
 from pgqueue.job import Job, JobState, Lease
 from pgqueue.locks import advisory_key
 from pgqueue.queue_base import QueueBase, send_commit
+from pgqueue.throttle import Throttle
 
 
 @dataclass(frozen=True)
@@ -183,6 +184,22 @@ class OutcomeMethods(QueueBase):
             lost_leases=lost,
         )
 
+    def throttle_many(self, throttles: Sequence[tuple[Job, Throttle]]) -> list[int]:
+        """Put back each running job of ``throttles`` whose lease is still held, runnable
+        after its :class:`~pgqueue.throttle.Throttle`'s seconds, giving its attempt back;
+        a ``"partition"`` or ``"queue"`` scope also holds back the job's key or queue
+        until then. One statement for all. Returns the ids written: the others' leases
+        were lost. Runs no hook: a throttled attempt neither failed nor succeeded."""
+        if not throttles:
+            return []
+        params = {
+            "ids": [job.id for job, _ in throttles],
+            "tokens": [job.lease_token for job, _ in throttles],
+            "delays": [throttle.seconds for _, throttle in throttles],
+            "scopes": [throttle.scope for _, throttle in throttles],
+        }
+        return [row["id"] for row in self._rows("job_throttle_many", params)]
+
     def check_completions(self, jobs: Sequence[Job]) -> list[CompletionCheck]:
         """What became of the completions each of ``jobs`` made in its handler's
         transaction (``job.complete``, ``job.transaction()``), one statement for all,
@@ -225,6 +242,8 @@ class OutcomeMethods(QueueBase):
             cur.execute(self._sql("waiters_expired_delete"))
             cur.execute(self._sql("job_waiters_expired_delete"))
             cur.execute(self._sql("workers_expired_delete"))
+            # And the partition keys' controls that hold nothing any more.
+            cur.execute(self._sql("partition_controls_prune"), {"limit": limit})
         if not rows:
             return []
         return self._settle(rows, written, cancelled).failed

@@ -42,6 +42,7 @@ class ProducerMethods(QueueBase):
         tags: Sequence[str] = (),
         conn: psycopg.Connection | None = None,
         dependency_mode: str = "succeeded",
+        partition_key: str | None = None,
     ) -> EnqueueResult:
         """Add one job; with an ``idempotency_key`` already in the table, return that job
         (``created=False``) if it has the same task, queue and payload, and raise
@@ -62,6 +63,11 @@ class ProducerMethods(QueueBase):
         ``tags`` (at most 16 strings of 1 to 64 characters) label the job, to find it by
         with :meth:`~pgqueue.Queue.list`.
 
+        ``partition_key`` (1 to 200 characters) names the tenant, customer or account
+        the job is for: claims take jobs round-robin across keys, so that one key's
+        backlog does not hold up the others, and the queue's partition limits
+        (:meth:`~pgqueue.Queue.update_queue`) hold per key.
+
         Pass ``conn`` to enqueue inside your own transaction: the job then commits or
         rolls back with your writes, and workers are woken when you commit.
         """
@@ -79,6 +85,7 @@ class ProducerMethods(QueueBase):
             depends_on=depends_on,
             dependency_mode=dependency_mode,
             tags=tags,
+            partition_key=partition_key,
         )
         return self.enqueue_spec(spec, conn=conn)
 

@@ -309,6 +309,7 @@ class Queue(
         above: int | None = None,
         tags: Sequence[str] = (),
         payload_contains: dict[str, Any] | str | None = None,
+        partition_key: str | None = None,
     ) -> JobPage:
         """Jobs newest first, filtered; ``after`` is the previous page's ``next_after``.
 
@@ -322,7 +323,9 @@ class Queue(
         through indexes, in milliseconds however large the backlog; finished jobs are
         read newest first until the page is full, so a filter that few of them match
         reads the whole history (pass a finished ``state`` to read only its
-        partitions, or a queued or running one to read none)."""
+        partitions, or a queued or running one to read none).
+
+        ``partition_key``: only the jobs of that key."""
         if state is not None:
             try:
                 state = JobState(state).value
@@ -336,7 +339,16 @@ class Queue(
         contains = None
         if payload_contains is not None:
             contains = validation.payload_filter(payload_contains)
-        params = {"queue": queue, "state": state, "task": task, "after": after, "above": above}
+        if partition_key is not None:
+            validation.partition_key(partition_key)
+        params = {
+            "queue": queue,
+            "state": state,
+            "task": task,
+            "partition_key": partition_key,
+            "after": after,
+            "above": above,
+        }
         # Only the filters given, each as a plain comparison: a state filter then prunes
         # the finished jobs' partitions, which "state = %(state)s OR it is null" cannot.
         bounds = {"after": "<", "above": ">"}

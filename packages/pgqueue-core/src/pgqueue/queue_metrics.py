@@ -32,6 +32,12 @@ class QueueStats:
     """Jobs running at once across every worker, at most; None: no limit."""
     rate_limit: float | None = None
     """Jobs started per second across every worker, at most; None: no limit."""
+    partition_concurrency_limit: int | None = None
+    """Jobs of one partition key running at once across every worker, at most."""
+    partition_rate_limit: float | None = None
+    """Jobs of one partition key started per second across every worker, at most."""
+    throttled_until: datetime | None = None
+    """No job of the queue starts before this time (None: no throttle holds)."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +155,9 @@ class MetricsMethods(QueueBase):
                 paused=row["paused"],
                 concurrency_limit=row["concurrency_limit"],
                 rate_limit=row["rate_limit"],
+                partition_concurrency_limit=row["partition_concurrency_limit"],
+                partition_rate_limit=row["partition_rate_limit"],
+                throttled_until=row["throttled_until"],
             )
             for row in rows
         ]

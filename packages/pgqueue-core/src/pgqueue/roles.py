@@ -100,9 +100,22 @@ _TABLE_GRANTS: dict[str, dict[str, list[str]]] = {
     },
     "queue_settings": {
         PRODUCER: ["SELECT"],
-        # A claim of a limited queue locks its row and spends its tokens: no more.
-        WORKER: ["UPDATE (tokens, tokens_at)"],
+        # A claim of a limited queue locks its row and spends its tokens; a handler's
+        # Throttle(scope="queue") writes throttled_until, in a new row if need be (a
+        # row that names nothing else: the settings stay the operator's).
+        WORKER: ["INSERT (queue, throttled_until)", "UPDATE (tokens, tokens_at, throttled_until)"],
         OPERATOR: ["INSERT", "UPDATE"],
+    },
+    "partition_controls": {
+        PRODUCER: ["SELECT"],
+        # Claims spend the keys' buckets, handlers throttle keys, the reaper deletes
+        # the rows that hold nothing any more.
+        WORKER: ["INSERT", "UPDATE", "DELETE"],
+        OPERATOR: ["INSERT", "UPDATE"],  # Queue.throttle of one key
+    },
+    "fair_share_cursors": {
+        PRODUCER: ["SELECT"],
+        WORKER: ["INSERT", "UPDATE"],  # a claim moves its queue's turn on
     },
     "workers": {
         PRODUCER: ["SELECT"],

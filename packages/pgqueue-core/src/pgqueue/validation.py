@@ -174,6 +174,23 @@ def unique_key(value: object) -> str:
     return idempotency_key(value, "unique_key")
 
 
+PARTITION_KEY_MAX_LENGTH = 200
+"""How many characters a partition key may have."""
+
+
+def partition_key(value: object, field: str = "partition_key") -> str:
+    """A job's partition key: a string of 1 to PARTITION_KEY_MAX_LENGTH characters."""
+    if not isinstance(value, str):
+        raise ValidationError(field, "must be a string")
+    if not value:
+        raise ValidationError(field, "must not be empty")
+    if len(value) > PARTITION_KEY_MAX_LENGTH:
+        raise ValidationError(field, f"must be at most {PARTITION_KEY_MAX_LENGTH} characters")
+    if "\x00" in value:
+        raise ValidationError(field, "must not contain NUL characters")
+    return value
+
+
 TAGS_MAX = 16
 """How many tags a job may carry."""
 TAG_MAX_LENGTH = 64

@@ -165,6 +165,7 @@ class InFlightAttempts:
         """Settle what the writer wrote: count it and stop holding its leases."""
         self._counts["succeeded"] += len(report.acked)
         self._counts["failed"] += len(report.failed)
+        self._counts["throttled"] += len(report.throttled)
         if report.database_errors:
             self._counts["database_errors"] += report.database_errors
         for outcome in report.lost:
@@ -175,7 +176,7 @@ class InFlightAttempts:
                 )
         settled = []
         pending = self.pending
-        for outcome in chain(report.acked, report.failed, report.lost):
+        for outcome in chain(report.acked, report.failed, report.lost, report.throttled):
             lease = outcome.lease
             # One lookup in the common case (a busy worker settles thousands of outcomes
             # a second): take the outcome out, and put back one that is not this

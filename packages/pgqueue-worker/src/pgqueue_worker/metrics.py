@@ -196,10 +196,11 @@ class _WorkerCollector(Collector):
             "pgqueue_worker_attempts",
             "Attempts this worker finished, by outcome: succeeded (acked), failed (written "
             "as failed: raised, timed out, or a result that could not be stored), lost "
-            "(outcome discarded: the job was cancelled or its lease lost).",
+            "(outcome discarded: the job was cancelled or its lease lost), throttled (the "
+            "handler raised Throttle: the job was put back without using up an attempt).",
             labels=["outcome"],
         )
-        for outcome in ("succeeded", "failed", "lost"):
+        for outcome in ("succeeded", "failed", "lost", "throttled"):
             attempts.add_metric([outcome], counts.get(outcome, 0))
         yield attempts
         yield CounterMetricFamily(

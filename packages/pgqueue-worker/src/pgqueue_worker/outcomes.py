@@ -32,9 +32,9 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from pgqueue import DatabaseUnavailable, Job, Lease, OutcomeBatch, WorkerProtocol, effects
+from pgqueue import DatabaseUnavailable, Job, Lease, OutcomeBatch, Throttle, WorkerProtocol, effects
 from pgqueue.effects import CompletionState
 from pgqueue_worker.executor import Attempt
 from pgqueue_worker.outage import Backoff, DatabaseHealth, discard_broken_connections
@@ -76,6 +76,8 @@ class WriteReport:
     """Written as failed attempts: errors, and results the database could not store."""
     lost: list[Outcome] = field(default_factory=list)
     """Refused: the lease had been lost before the outcome was written."""
+    throttled: list[Outcome] = field(default_factory=list)
+    """Handlers that raised :class:`pgqueue.Throttle`: their jobs were put back."""
     database_errors: int = 0
     """Tries refused by an unavailable database since the previous report."""
 
@@ -184,6 +186,15 @@ class OutcomeWriter(HandOffService):
         write, those still open wait for the next round."""
         started = time.monotonic()
         completed, still_open, to_write = self._sort_completed(batch)
+        # Throttles are written apart: not failures, they use up no attempt. Written
+        # before the rest, whose statement commits: a failed write of the rest leaves
+        # them written, and the retry writes nothing more for them (their leases are
+        # gone; they were settled).
+        throttled = [o for o in to_write if isinstance(o.error, Throttle)]
+        if throttled:
+            to_write = [o for o in to_write if not isinstance(o.error, Throttle)]
+            self._write_throttles(throttled, report)
+            batch[:] = [o for o in batch if not isinstance(o.error, Throttle)]
         written = self.protocol.finish_many(
             [(o.attempt.job, o.result) for o in to_write if o.error is None],
             [(o.attempt.job, o.error) for o in to_write if o.error is not None],
@@ -206,6 +217,28 @@ class OutcomeWriter(HandOffService):
         if still_open:
             self._wait_for_open(still_open)
         batch.clear()
+
+    def _write_throttles(self, throttled: list[Outcome], report: WriteReport) -> None:
+        """Put the jobs of ``throttled`` back, as each handler's Throttle asked."""
+        written = set(
+            self.protocol.throttle_many(
+                [(o.attempt.job, cast(Throttle, o.error)) for o in throttled]
+            )
+        )
+        for outcome in throttled:
+            job = outcome.attempt.job
+            if job.id in written:
+                throttle = cast(Throttle, outcome.error)
+                log.info(
+                    "job %s throttled for %g s (scope %s)",
+                    job.id,
+                    throttle.seconds,
+                    throttle.scope,
+                    extra={"job_id": job.id, "task": job.task, "queue": job.queue},
+                )
+                report.throttled.append(outcome)
+            else:
+                report.lost.append(outcome)
 
     def _sort_completed(
         self, batch: list[Outcome]

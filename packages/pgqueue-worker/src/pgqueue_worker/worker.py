@@ -149,7 +149,7 @@ class Worker:
         self.scheduler = scheduler and not burst
         self.counts: Counter[str] = Counter()
         """What this worker did: succeeded, failed, timed_out, lost (outcomes discarded),
-        and database_errors (claim-loop rounds the database refused)."""
+        throttled, and database_errors (claim-loop rounds the database refused)."""
 
         self._started = False
         self.metrics = metrics

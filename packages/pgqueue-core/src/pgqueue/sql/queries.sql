@@ -18,11 +18,11 @@
 -- the queue back cost this statement a third more server time.
 INSERT INTO {schema}.active_jobs
     (queue, task, payload, priority, run_at, max_attempts, timeout_seconds, trace_context,
-     tags)
+     tags, partition_key)
 VALUES (%(queue)s, %(task)s, %(payload)s, %(priority)s,
         COALESCE(%(run_at)s, now() + make_interval(secs => %(delay_seconds)s)),
         %(max_attempts)s, %(timeout_seconds)s, %(trace_context)s,
-        %(tags)s::text[])
+        %(tags)s::text[], %(partition_key)s::text)
 RETURNING id, run_at, enqueued_at, (
     SELECT pg_notify({channel_name}, waiter.queue)
     FROM {schema}.queue_waiters AS waiter
@@ -37,18 +37,20 @@ RETURNING id, run_at, enqueued_at, (
 WITH inserted AS (
     INSERT INTO {schema}.active_jobs
         (queue, task, payload, priority, run_at, max_attempts, timeout_seconds,
-         trace_context, tags)
+         trace_context, tags, partition_key)
     SELECT queue, task, payload, priority,
            COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
            max_attempts, timeout_seconds, trace_context,
-           CASE WHEN tags IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(tags)) END
+           CASE WHEN tags IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(tags)) END,
+           partition_key
     FROM unnest(
         %(queue)s::text[], %(task)s::text[], %(payload)s::jsonb[], %(priority)s::smallint[],
         %(run_at)s::timestamptz[], %(delay_seconds)s::float8[], %(max_attempts)s::int[],
-        %(timeout_seconds)s::float8[], %(trace_context)s::jsonb[], %(tags_json)s::jsonb[]
+        %(timeout_seconds)s::float8[], %(trace_context)s::jsonb[], %(tags_json)s::jsonb[],
+        %(partition_key)s::text[]
     ) WITH ORDINALITY AS item (queue, task, payload, priority, run_at, delay_seconds,
                                max_attempts, timeout_seconds, trace_context, tags,
-                               position)
+                               partition_key, position)
     ORDER BY position
     RETURNING *
 ),
@@ -75,7 +77,7 @@ SELECT now() AS now,
 -- name: job_copy
 COPY {schema}.active_jobs
     (id, queue, task, payload, priority, run_at, max_attempts, timeout_seconds,
-     trace_context, tags)
+     trace_context, tags, partition_key)
 FROM STDIN;
 
 -- name: job_copy_runnable_now
@@ -84,7 +86,7 @@ FROM STDIN;
 -- dearest column of a row to format and to parse.
 COPY {schema}.active_jobs
     (id, queue, task, payload, priority, max_attempts, timeout_seconds, trace_context,
-     tags)
+     tags, partition_key)
 FROM STDIN;
 
 -- name: queues_wake
@@ -117,11 +119,11 @@ WITH item AS (
         %(run_at)s::timestamptz[], %(delay_seconds)s::float8[], %(max_attempts)s::int[],
         %(timeout_seconds)s::float8[], %(idempotency_key)s::text[],
         %(trace_context)s::jsonb[], %(unique_key)s::text[], %(pending_dependencies)s::int[],
-        %(tags_json)s::jsonb[]
+        %(tags_json)s::jsonb[], %(partition_key)s::text[]
     ) WITH ORDINALITY AS item (queue, task, payload, priority, run_at, delay_seconds,
                                max_attempts, timeout_seconds, idempotency_key,
                                trace_context, unique_key, pending_dependencies, tags,
-                               position)
+                               partition_key, position)
 ),
 taken AS (
     INSERT INTO {schema}.idempotency_keys (key, job_id)
@@ -134,14 +136,16 @@ taken AS (
 inserted AS (
     INSERT INTO {schema}.active_jobs
         (id, queue, task, payload, priority, state, run_at, max_attempts, timeout_seconds,
-         idempotency_key, trace_context, unique_key, pending_dependencies, tags)
+         idempotency_key, trace_context, unique_key, pending_dependencies, tags,
+         partition_key)
     SELECT id, queue, task, payload, priority,
            -- A job with dependencies still to succeed waits (see pgqueue.dependencies).
            CASE WHEN pending_dependencies > 0 THEN 'waiting' ELSE 'queued' END::{schema}.job_state,
            COALESCE(run_at, now() + make_interval(secs => delay_seconds)),
            max_attempts, timeout_seconds, idempotency_key, trace_context, unique_key,
            pending_dependencies,
-           CASE WHEN tags IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(tags)) END
+           CASE WHEN tags IS NOT NULL THEN ARRAY(SELECT jsonb_array_elements_text(tags)) END,
+           partition_key
     FROM item
     WHERE idempotency_key IS NULL OR id IN (SELECT job_id FROM taken)
     ORDER BY position
@@ -232,6 +236,8 @@ SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
 -- job_claim_times, run next, says so, for the caller to claim it with
 -- job_claim_limited from then on (WorkerProtocol.claim does). A pause therefore holds from the
 -- first claim after it commits, whichever statement a worker was using.
+-- Jobs without a partition key only: a queue with queued jobs that have one gives no
+-- job here either, and is claimed with job_claim_limited, as a queue with settings is.
 -- The candidates come from index scans of active_jobs_claim_idx, one per queue and task
 -- (a source), each in claim order and stopped after the rows it gives, so a claim reads
 -- a handful of index entries however long the backlog, of its tasks or of any other
@@ -263,11 +269,18 @@ WITH sources AS MATERIALIZED (
           AND queue = wanted.queue
           AND task = served.task
           AND run_at <= now()
+          AND partition_key IS NULL
         ORDER BY priority DESC, run_at, id
         LIMIT 1
     ) AS probe ON cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) > 1
     WHERE NOT EXISTS (SELECT FROM {schema}.queue_settings AS setting
                       WHERE setting.queue = wanted.queue)
+      -- A queue with queued jobs that have a partition key is claimed by
+      -- job_claim_limited, which shares it fairly between the keys: one probe of
+      -- active_jobs_partition_claim_idx, which is empty for a queue without keys.
+      AND NOT EXISTS (SELECT FROM {schema}.active_jobs AS keyed
+                      WHERE keyed.state = 'queued' AND keyed.queue = wanted.queue
+                        AND keyed.partition_key IS NOT NULL)
       AND (cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) = 1
            OR probe.runnable)
 ),
@@ -285,6 +298,7 @@ shares AS (
               AND queue = sources.queue
               AND task = sources.task
               AND run_at <= now()
+          AND partition_key IS NULL
             ORDER BY priority DESC, run_at, id
             LIMIT %(limit)s
         ) AS head
@@ -303,6 +317,7 @@ taken AS (
           AND queue = shares.queue
           AND task = shares.task
           AND run_at <= now()
+          AND partition_key IS NULL
         ORDER BY priority DESC, run_at, id
         LIMIT shares.jobs
         {lock}
@@ -317,6 +332,7 @@ more AS (
           AND queue = sources.queue
           AND task = sources.task
           AND run_at <= now()
+          AND partition_key IS NULL
           AND id <> ALL(ARRAY(SELECT id FROM taken))
         ORDER BY priority DESC, run_at, id
         LIMIT %(limit)s - (SELECT count(*) FROM taken)
@@ -355,7 +371,7 @@ RETURNING job.id, job.queue, job.task, job.payload::text AS payload, job.priorit
           job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
           job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.errors,
           job.result, job.idempotency_key, job.trace_context, job.unique_key,
-          job.tags, job.progress,
+          job.tags, job.progress, job.partition_key,
           -- Not a field of Job, after them: NULL for a job enqueued without
           -- dependencies, so the worker reads the dependencies of the others alone
           -- (job_dependencies_of_many).
@@ -380,12 +396,28 @@ waiting AS (
 SELECT * FROM claimed;
 
 -- name: job_claim_limited
--- job_claim for queues that have settings (paused, or a concurrency or rate limit):
+-- job_claim for queues that have settings (paused, throttled, or a concurrency or rate
+-- limit of the queue or of its partition keys) or queued jobs with a partition key:
 -- queued -> running for up to %(limit)s runnable jobs in claim order, as they allow.
--- The candidates come from one index scan per queue and task, as in job_claim, each
--- source's share counted among the first jobs that its queue's room allows, and no
--- queue gives more than its room (ranked, after the jobs that make up a claim short of
--- jobs other claims held).
+--
+-- Claim order (docs/operating-queues.md): priority first. Within one priority, the
+-- jobs are taken round-robin across lanes, one job per lane per round: each partition
+-- key of a (queue, task) is a lane, and its jobs without a key are one more, served
+-- first in each round. The keys follow each other in text order starting after the key
+-- that the queue's previous claim served last (fair_share_cursors), wrapping around,
+-- so the key served least recently comes first. Within a lane, run_at, then id.
+--
+-- The keys come from a loose index scan of active_jobs_partition_claim_idx, one descent
+-- per key, up to %(limit)s keys that have room (a key throttled, at its concurrency
+-- limit or out of tokens is passed over, and the walk goes on to the next), and at most
+-- 8 times that many keys in all. Each lane then gives its share of the claim, read in
+-- claim order from its index range: a claim reads a few index entries per job, however
+-- long the backlog and however many keys it holds. A lane that has fewer jobs than its
+-- share leaves the claim short; the next claim, in a moment, takes the rest.
+--
+-- Jobs that another claim holds are skipped (SKIP LOCKED) and the lane's next ones
+-- taken. No queue gives more than its room, and no key more than its own (ranked,
+-- after the lanes' shares are read).
 -- With a %(waiter)s (a worker that LISTENs), the claim also says whether that worker
 -- will wait: its rows in queue_waiters are replaced by one per queue, valid for
 -- %(waiter_seconds)s, when the claim came back short, and removed when it came back
@@ -393,21 +425,24 @@ SELECT * FROM claimed;
 -- the table has no unique key for a new row to wait on (a claim cut off mid-statement
 -- may leave a transaction holding rows until the server notices; its rows then only
 -- expire).
--- Operator settings (queue_settings) are read here, at every claim: a paused queue
--- gives no job, a limited one at most what its concurrency limit and its token bucket
--- leave room for. A queue without settings is claimed as if there were none: one
--- probe of that table's primary key. Claims of a limited queue take turns on its row
--- (job_claim_lock, run just before in the same transaction), so each one's snapshot
--- holds the running jobs of the claim before it. A limited queue whose row that
--- statement did not lock (its limit was set in between, or it was not run) gives no
--- job this time: counted without the lock, its room could be counted twice.
+-- Operator settings (queue_settings) are read here, at every claim: a paused or
+-- throttled queue gives no job, a limited one at most what its concurrency limit and
+-- its token bucket leave room for. Claims of a limited queue (by the queue or per key)
+-- take turns on its row (job_claim_lock, run just before in the same transaction), so
+-- each one's snapshot holds the running jobs of the claim before it, and the buckets
+-- it spent. A limited queue whose row that statement did not lock (its limit was set
+-- in between, or it was not run) gives no job this time: counted without the lock, its
+-- room could be counted twice.
 WITH room AS MATERIALIZED (
     SELECT wanted.queue,
            coalesce(setting.paused, false) AS paused,
            CASE
                WHEN setting.queue IS NULL THEN %(limit)s::int
                WHEN setting.paused THEN 0
-               WHEN (setting.concurrency_limit IS NOT NULL OR setting.rate_limit IS NOT NULL)
+               WHEN setting.throttled_until > clock_timestamp() THEN 0
+               WHEN (setting.concurrency_limit IS NOT NULL OR setting.rate_limit IS NOT NULL
+                     OR setting.partition_concurrency_limit IS NOT NULL
+                     OR setting.partition_rate_limit IS NOT NULL)
                     AND NOT setting.queue = ANY(coalesce(
                         nullif(current_setting('pgqueue.claim_locked', true), '')::text[],
                         ARRAY[]::text[]))
@@ -424,9 +459,13 @@ WITH room AS MATERIALIZED (
                    floor(bucket.tokens)::int)
            END AS jobs,
            bucket.tokens,
-           bucket.at
+           bucket.at,
+           setting.partition_concurrency_limit AS key_limit,
+           setting.partition_rate_limit AS key_rate,
+           turn.partition_key AS turn_after
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
     LEFT JOIN {schema}.queue_settings AS setting ON setting.queue = wanted.queue
+    LEFT JOIN {schema}.fair_share_cursors AS turn ON turn.queue = wanted.queue
     -- The rate limit's bucket, refilled for the time since it was last spent, on the
     -- clock rather than now(): this transaction may have waited for the row's lock.
     LEFT JOIN LATERAL (
@@ -440,97 +479,206 @@ WITH room AS MATERIALIZED (
     ) AS bucket ON true
 ),
 sources AS MATERIALIZED (
-    SELECT room.queue, served.task, room.jobs AS room
+    SELECT room.queue, served.task, room.jobs AS room, room.key_limit, room.key_rate,
+           room.turn_after
     FROM room
     CROSS JOIN unnest(%(tasks)s::text[]) AS served (task)
-    -- A probe in claim order, as in job_claim.
-    LEFT JOIN LATERAL (
-        SELECT true AS runnable FROM {schema}.active_jobs
-        WHERE state = 'queued'
-          AND queue = room.queue
-          AND task = served.task
-          AND run_at <= now()
-        ORDER BY priority DESC, run_at, id
-        LIMIT 1
-    ) AS probe ON cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) > 1
     WHERE room.jobs > 0
-      AND (cardinality(%(queues)s::text[]) * cardinality(%(tasks)s::text[]) = 1
-           OR probe.runnable)
 ),
-shares AS (
-    SELECT queue, task, least(room, %(limit)s::int) AS jobs FROM sources
-    WHERE (SELECT count(*) FROM sources) = 1
-    UNION ALL
-    SELECT best.queue, best.task, count(*)::int AS jobs
-    FROM (
-        SELECT ranked.queue, ranked.task
-        FROM (
-            SELECT sources.queue, sources.task, sources.room,
-                   head.priority, head.run_at, head.id,
-                   row_number() OVER (PARTITION BY sources.queue
-                                      ORDER BY head.priority DESC, head.run_at, head.id)
-                       AS place
-            FROM sources
-            CROSS JOIN LATERAL (
-                SELECT id, priority, run_at FROM {schema}.active_jobs
-                WHERE state = 'queued'
-                  AND queue = sources.queue
-                  AND task = sources.task
-                  AND run_at <= now()
-                ORDER BY priority DESC, run_at, id
-                LIMIT least(sources.room, %(limit)s::int)
-            ) AS head
-        ) AS ranked
-        WHERE ranked.place <= ranked.room
-        ORDER BY ranked.priority DESC, ranked.run_at, ranked.id
-        LIMIT %(limit)s
-    ) AS best
-    WHERE (SELECT count(*) FROM sources) > 1
-    GROUP BY best.queue, best.task
-),
-taken AS (
-    SELECT shares.queue, candidate.id, candidate.priority, candidate.run_at
-    FROM shares
-    CROSS JOIN LATERAL (
-        SELECT id, priority, run_at FROM {schema}.active_jobs
-        WHERE state = 'queued'
-          AND queue = shares.queue
-          AND task = shares.task
-          AND run_at <= now()
-        ORDER BY priority DESC, run_at, id
-        LIMIT shares.jobs
-        {lock}
-    ) AS candidate
-),
-more AS (
-    SELECT sources.queue, candidate.id, candidate.priority, candidate.run_at
+keys AS MATERIALIZED (
+    -- Each source's partition keys that have room, in turn order: first the keys after
+    -- the queue's turn, then from the first key up to it (wrapped). Each step of the
+    -- walk is one descent of active_jobs_partition_claim_idx to the next key with queued
+    -- jobs, and partition_room() says how many jobs of that key may start now. The walk
+    -- stops once it has found %(limit)s keys with room, or has walked 8 times that many.
+    SELECT sources.queue, sources.task, walked.partition_key, walked.room, walked.tokens,
+           walked.place
     FROM sources
     CROSS JOIN LATERAL (
+        WITH RECURSIVE walk (partition_key, wrapped, place, opened, room, tokens) AS (
+            SELECT first.partition_key, first.wrapped, 1, (key_room.room > 0)::int,
+                   key_room.room, key_room.tokens
+            FROM (
+                SELECT found.partition_key, found.wrapped
+                FROM (
+                    (SELECT job.partition_key, false AS wrapped
+                     FROM {schema}.active_jobs AS job
+                     WHERE job.state = 'queued' AND job.queue = sources.queue
+                       AND job.task = sources.task AND job.partition_key IS NOT NULL
+                       AND job.partition_key > coalesce(sources.turn_after, '')
+                     ORDER BY job.partition_key LIMIT 1)
+                    UNION ALL
+                    (SELECT job.partition_key, true AS wrapped
+                     FROM {schema}.active_jobs AS job
+                     WHERE job.state = 'queued' AND job.queue = sources.queue
+                       AND job.task = sources.task AND job.partition_key IS NOT NULL
+                       AND job.partition_key <= sources.turn_after
+                     ORDER BY job.partition_key LIMIT 1)
+                ) AS found
+                ORDER BY found.wrapped LIMIT 1
+            ) AS first
+            CROSS JOIN LATERAL {schema}.partition_room(
+                sources.queue, first.partition_key, sources.key_limit, sources.key_rate,
+                %(limit)s) AS key_room
+            UNION ALL
+            SELECT next.partition_key, next.wrapped, walk.place + 1,
+                   walk.opened + (key_room.room > 0)::int, key_room.room, key_room.tokens
+            FROM walk
+            CROSS JOIN LATERAL (
+                SELECT found.partition_key, found.wrapped
+                FROM (
+                    (SELECT job.partition_key, walk.wrapped AS wrapped
+                     FROM {schema}.active_jobs AS job
+                     WHERE job.state = 'queued' AND job.queue = sources.queue
+                       AND job.task = sources.task AND job.partition_key IS NOT NULL
+                       AND job.partition_key > walk.partition_key
+                       AND (NOT walk.wrapped OR job.partition_key <= sources.turn_after)
+                     ORDER BY job.partition_key LIMIT 1)
+                    UNION ALL
+                    (SELECT job.partition_key, true AS wrapped
+                     FROM {schema}.active_jobs AS job
+                     WHERE job.state = 'queued' AND job.queue = sources.queue
+                       AND job.task = sources.task AND job.partition_key IS NOT NULL
+                       AND NOT walk.wrapped
+                       AND job.partition_key <= sources.turn_after
+                     ORDER BY job.partition_key LIMIT 1)
+                ) AS found
+                ORDER BY found.wrapped LIMIT 1
+            ) AS next
+            CROSS JOIN LATERAL {schema}.partition_room(
+                sources.queue, next.partition_key, sources.key_limit, sources.key_rate,
+                %(limit)s) AS key_room
+            WHERE walk.place < 8 * %(limit)s AND walk.opened < %(limit)s
+        )
+        SELECT walk.partition_key, walk.room, walk.tokens, walk.place
+        FROM walk
+        WHERE walk.room > 0
+    ) AS walked
+),
+lanes AS MATERIALIZED (
+    -- The keys with room, and each source's jobs without a key (lane place 0, first in
+    -- every round) when it has one runnable: a probe of active_jobs_claim_idx.
+    SELECT queue, task, partition_key, room, place FROM keys
+    UNION ALL
+    SELECT sources.queue, sources.task, NULL, sources.room, 0
+    FROM sources
+    WHERE EXISTS (SELECT FROM {schema}.active_jobs
+                  WHERE state = 'queued'
+                    AND queue = sources.queue
+                    AND task = sources.task
+                    AND run_at <= now()
+                    AND partition_key IS NULL)
+),
+shared AS (
+    -- Each lane's share of the claim, its first jobs in claim order: the claim split
+    -- evenly between the lanes, at most the lane's room. A lane of a key reads its
+    -- range of active_jobs_partition_claim_idx, the lane without a key its range of
+    -- active_jobs_claim_idx.
+    SELECT lanes.queue, lanes.task, lanes.partition_key, lanes.place, lanes.room,
+           least(lanes.room, ceil(%(limit)s::numeric / (SELECT count(*) FROM lanes))::int)
+               AS share
+    FROM lanes
+),
+taken AS (
+    SELECT shared.queue, shared.task, shared.partition_key, shared.place,
+           shared.room AS lane_room, candidate.id, candidate.priority, candidate.run_at
+    FROM shared
+    CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM {schema}.active_jobs
         WHERE state = 'queued'
-          AND queue = sources.queue
-          AND task = sources.task
+          AND queue = shared.queue
+          AND task = shared.task
+          AND partition_key = shared.partition_key
+          AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT shared.share
+        {lock}
+    ) AS candidate
+    WHERE shared.partition_key IS NOT NULL
+    UNION ALL
+    SELECT shared.queue, shared.task, NULL, shared.place, shared.room, candidate.id,
+           candidate.priority, candidate.run_at
+    FROM shared
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM {schema}.active_jobs
+        WHERE state = 'queued'
+          AND queue = shared.queue
+          AND task = shared.task
+          AND partition_key IS NULL
+          AND run_at <= now()
+        ORDER BY priority DESC, run_at, id
+        LIMIT shared.share
+        {lock}
+    ) AS candidate
+    WHERE shared.partition_key IS NULL
+),
+more AS (
+    -- When the shares came back short (another claim holds some of their jobs, or a
+    -- lane has fewer jobs than its share), the lanes' next jobs make up the claim, so
+    -- that a claim comes back short only when there are no more jobs it may take.
+    SELECT shared.queue, shared.task, shared.partition_key, shared.place,
+           shared.room AS lane_room, candidate.id, candidate.priority, candidate.run_at
+    FROM shared
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM {schema}.active_jobs
+        WHERE state = 'queued'
+          AND queue = shared.queue
+          AND task = shared.task
+          AND partition_key = shared.partition_key
           AND run_at <= now()
           AND id <> ALL(ARRAY(SELECT id FROM taken))
         ORDER BY priority DESC, run_at, id
-        LIMIT least(sources.room, %(limit)s - (SELECT count(*) FROM taken))
+        LIMIT greatest(0, least(shared.room, %(limit)s - (SELECT count(*) FROM taken)))
         {lock}
     ) AS candidate
-    WHERE (SELECT count(*) FROM sources) > 1
-      AND (SELECT count(*) FROM taken) < (SELECT sum(jobs) FROM shares)
+    WHERE shared.partition_key IS NOT NULL
+      AND (SELECT count(*) FROM taken) < (SELECT sum(share) FROM shared)
+    UNION ALL
+    SELECT shared.queue, shared.task, NULL, shared.place, shared.room, candidate.id,
+           candidate.priority, candidate.run_at
+    FROM shared
+    CROSS JOIN LATERAL (
+        SELECT id, priority, run_at FROM {schema}.active_jobs
+        WHERE state = 'queued'
+          AND queue = shared.queue
+          AND task = shared.task
+          AND partition_key IS NULL
+          AND run_at <= now()
+          AND id <> ALL(ARRAY(SELECT id FROM taken))
+        ORDER BY priority DESC, run_at, id
+        LIMIT greatest(0, least(shared.room, %(limit)s - (SELECT count(*) FROM taken)))
+        {lock}
+    ) AS candidate
+    WHERE shared.partition_key IS NULL
+      AND (SELECT count(*) FROM taken) < (SELECT sum(share) FROM shared)
+),
+rounds AS (
+    -- The round of a job is its place among its lane's jobs of the same priority.
+    SELECT candidate.*,
+           row_number() OVER (PARTITION BY candidate.queue, candidate.task,
+                                           candidate.partition_key, candidate.priority
+                              ORDER BY candidate.run_at, candidate.id) AS round
+    FROM (SELECT * FROM taken UNION ALL SELECT * FROM more) AS candidate
 ),
 claimable AS (
-    SELECT ranked.id
+    -- In claim order, no queue beyond its room and no key beyond its own.
+    SELECT ranked.id, ranked.queue, ranked.partition_key,
+           row_number() OVER (ORDER BY ranked.priority DESC, ranked.round, ranked.place,
+                                       ranked.run_at, ranked.id) AS position
     FROM (
-        SELECT candidate.id, candidate.priority, candidate.run_at, room.jobs AS room,
-               row_number() OVER (PARTITION BY candidate.queue
-                                  ORDER BY candidate.priority DESC, candidate.run_at,
-                                           candidate.id) AS place
-        FROM (SELECT * FROM taken UNION ALL SELECT * FROM more) AS candidate
-        JOIN room ON room.queue = candidate.queue
+        SELECT rounds.*, room.jobs AS queue_room,
+               row_number() OVER (PARTITION BY rounds.queue
+                                  ORDER BY rounds.priority DESC, rounds.round, rounds.place,
+                                           rounds.run_at, rounds.id) AS in_queue,
+               row_number() OVER (PARTITION BY rounds.queue, rounds.partition_key
+                                  ORDER BY rounds.priority DESC, rounds.round, rounds.place,
+                                           rounds.run_at, rounds.id) AS in_lane
+        FROM rounds
+        JOIN room ON room.queue = rounds.queue
     ) AS ranked
-    WHERE ranked.place <= ranked.room
-    ORDER BY ranked.priority DESC, ranked.run_at, ranked.id
+    WHERE ranked.in_queue <= ranked.queue_room
+      AND (ranked.partition_key IS NULL OR ranked.in_lane <= ranked.lane_room)
+    ORDER BY ranked.priority DESC, ranked.round, ranked.place, ranked.run_at, ranked.id
     LIMIT %(limit)s
 ),
 claimed AS (
@@ -547,20 +695,12 @@ SET state = 'running',
 -- By primary key, one row at a time: a join to the claimed ids lets the planner hash
 -- them and scan the whole table, which grows with the history the table holds.
 WHERE job.id = ANY(ARRAY(SELECT id FROM claimable))
--- Every column that differs between the claimed rows, in the order of pgqueue.Job's
--- fields, the payload as text: the worker loads a whole claim's payloads with one JSON
--- parse, instead of one per row through the driver. The columns this statement sets
--- alike for every row (state, worker_id, started_at, lease_expires_at) come once, from
--- job_claim_times in the same transaction: a claim returns hundreds of rows, and each
--- timestamp costs the server and the client a conversion per row.
+-- As in job_claim.
 RETURNING job.id, job.queue, job.task, job.payload::text AS payload, job.priority,
           job.run_at, job.attempts, job.max_attempts, job.timeout_seconds,
           job.lease_token, job.enqueued_at, job.finished_at, job.last_error, job.errors,
           job.result, job.idempotency_key, job.trace_context, job.unique_key,
-          job.tags, job.progress,
-          -- Not a field of Job, after them: NULL for a job enqueued without
-          -- dependencies, so the worker reads the dependencies of the others alone
-          -- (job_dependencies_of_many).
+          job.tags, job.progress, job.partition_key,
           job.pending_dependencies
 ),
 no_longer_waiting AS (
@@ -589,14 +729,62 @@ spent AS (
         tokens_at = room.at
     FROM room
     WHERE setting.queue = room.queue AND room.tokens IS NOT NULL
+),
+keys_spent AS (
+    -- The buckets of the keys claimed from under a partition_rate_limit, less the jobs
+    -- claimed (this claim holds the queue's row: no other claim spends them meanwhile).
+    INSERT INTO {schema}.partition_controls AS control
+        (queue, partition_key, tokens, tokens_at)
+    SELECT used.queue, used.partition_key, used.tokens - used.jobs, clock_timestamp()
+    FROM (
+        SELECT claimed.queue, claimed.partition_key, count(*) AS jobs,
+               (SELECT max(keys.tokens) FROM keys
+                WHERE keys.queue = claimed.queue
+                  AND keys.partition_key = claimed.partition_key) AS tokens
+        FROM claimed
+        WHERE claimed.partition_key IS NOT NULL
+        GROUP BY claimed.queue, claimed.partition_key
+    ) AS used
+    WHERE used.tokens IS NOT NULL
+    ORDER BY used.queue, used.partition_key
+    ON CONFLICT (queue, partition_key) DO UPDATE
+    SET tokens = excluded.tokens, tokens_at = excluded.tokens_at
+),
+served_last AS (
+    -- Per queue, the key of the last job with a key in this claim's order.
+    SELECT DISTINCT ON (claimable.queue) claimable.queue, claimable.partition_key
+    FROM claimable
+    WHERE claimable.partition_key IS NOT NULL
+    ORDER BY claimable.queue, claimable.position DESC
+),
+turned AS (
+    -- The queue's turn moves on to that key, unless another claim holds its row right
+    -- now: that claim moves it. A claim never waits for it.
+    UPDATE {schema}.fair_share_cursors AS turn
+    SET partition_key = served_last.partition_key
+    FROM served_last
+    WHERE turn.queue = served_last.queue
+      AND turn.ctid = ANY(ARRAY(
+          SELECT held.ctid FROM {schema}.fair_share_cursors AS held
+          WHERE held.queue = ANY(ARRAY(SELECT queue FROM served_last))
+          FOR UPDATE SKIP LOCKED
+      ))
+),
+first_turn AS (
+    -- A queue's first claim of jobs with a key writes its turn.
+    INSERT INTO {schema}.fair_share_cursors (queue, partition_key)
+    SELECT served_last.queue, served_last.partition_key
+    FROM served_last JOIN room ON room.queue = served_last.queue
+    WHERE room.turn_after IS NULL
+    ON CONFLICT (queue) DO NOTHING
 )
 SELECT * FROM claimed;
 
 -- name: job_claim_lock
 -- Run before job_claim in its transaction: the rows of the requested queues that have
--- a concurrency or a rate limit, locked in name order, so that two claims of a limited
--- queue take turns and the second one's statement sees what the first claimed. A
--- queue without limits takes no lock. Which queues it locked is left for job_claim in
+-- a concurrency or a rate limit (of the queue, or per partition key), locked in name
+-- order, so that two claims of a limited queue take turns and the second one's
+-- statement sees what the first claimed. A queue without limits takes no lock. Which queues it locked is left for job_claim in
 -- a setting local to the transaction.
 SELECT set_config('pgqueue.claim_locked',
                   coalesce(array_agg(limited.queue), ARRAY[]::text[])::text, true) AS locked
@@ -604,7 +792,8 @@ FROM (
     SELECT queue FROM {schema}.queue_settings
     WHERE queue = ANY(%(queues)s::text[])
       AND NOT paused
-      AND (concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL)
+      AND (concurrency_limit IS NOT NULL OR rate_limit IS NOT NULL
+           OR partition_concurrency_limit IS NOT NULL OR partition_rate_limit IS NOT NULL)
     ORDER BY queue
     FOR NO KEY UPDATE
 ) AS limited;
@@ -612,13 +801,16 @@ FROM (
 -- name: job_claim_times
 -- started_at and lease_expires_at as the claim set them, run in its transaction after
 -- it: claim_clock() gives the time the claim read (see schema.sql), and the expression
--- is the claim's own. And whether any of the queues has settings, which job_claim
--- leaves alone: the next claim of these queues takes job_claim_limited if so, job_claim
--- if not.
+-- is the claim's own. And whether any of the queues has settings or queued jobs with a
+-- partition key, which job_claim leaves alone: the next claim of these queues takes
+-- job_claim_limited if so, job_claim if not.
 SELECT {schema}.claim_clock() AS started_at,
        {schema}.claim_clock() + make_interval(secs => %(lease_seconds)s) AS lease_expires_at,
        EXISTS (SELECT FROM {schema}.queue_settings
-               WHERE queue = ANY(%(queues)s::text[])) AS settings;
+               WHERE queue = ANY(%(queues)s::text[]))
+       OR EXISTS (SELECT FROM {schema}.active_jobs
+                  WHERE state = 'queued' AND queue = ANY(%(queues)s::text[])
+                    AND partition_key IS NOT NULL) AS settings;
 
 -- name: job_heartbeat_many
 -- Extends every lease still held, and returns the ids of the leases that were lost.
@@ -749,14 +941,14 @@ moved AS (
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
          result, idempotency_key, errors, trace_context, unique_key, has_dependents,
-         tags, progress)
+         tags, progress, partition_key)
     SELECT id, queue, task, payload, priority,
            (CASE WHEN failure IS NULL THEN 'succeeded' ELSE 'dead' END)::{schema}.job_state,
            run_at, attempts,
            max_attempts, timeout_seconds, worker_id, enqueued_at, started_at, now(), failure,
            CASE WHEN failure IS NULL THEN outcome ELSE result END, idempotency_key,
            coalesce(errors_now, errors), trace_context, unique_key, has_dependents,
-           tags, progress
+           tags, progress, partition_key
     FROM ended
 ),
 run AS (
@@ -967,11 +1159,11 @@ moved AS (
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
          result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
-         has_dependents, tags, progress)
+         has_dependents, tags, progress, partition_key)
     SELECT id, queue, task, payload, priority, 'cancelled', run_at, attempts, max_attempts,
            timeout_seconds, worker_id, enqueued_at, started_at, clock_timestamp(), last_error,
            result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
-           has_dependents, tags, progress
+           has_dependents, tags, progress, partition_key
     FROM cancelled
     RETURNING *
 ),
@@ -1027,14 +1219,14 @@ requeued AS (
     INSERT INTO {schema}.active_jobs
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, enqueued_at, started_at, last_error, idempotency_key, errors,
-         trace_context, unique_key, has_dependents, tags, progress)
+         trace_context, unique_key, has_dependents, tags, progress, partition_key)
     SELECT id, queue, task, payload, priority,
            CASE WHEN EXISTS (SELECT FROM {schema}.job_dependencies AS link
                              WHERE link.job_id = revived.id)
                 THEN 'waiting' ELSE 'queued' END::{schema}.job_state,
            now(), 0, max_attempts, timeout_seconds, enqueued_at, started_at, last_error,
            idempotency_key, errors, trace_context, unique_key, has_dependents, tags,
-           progress
+           progress, partition_key
     FROM revived
     RETURNING *
 ),
@@ -1180,6 +1372,11 @@ SELECT queue,
        coalesce(setting.paused, false) AS paused,
        setting.concurrency_limit,
        setting.rate_limit,
+       setting.partition_concurrency_limit,
+       setting.partition_rate_limit,
+       -- Only a throttle that still holds.
+       CASE WHEN setting.throttled_until > now() THEN setting.throttled_until END
+           AS throttled_until,
        coalesce(active.waiting, 0)::bigint AS waiting,
        coalesce(active.queued, 0)::bigint AS queued,
        coalesce(active.running, 0)::bigint AS running,
@@ -1375,7 +1572,10 @@ WITH known AS (
     WHERE %(create)s
        OR EXISTS (SELECT FROM {schema}.queue_settings WHERE queue = %(queue)s)
        OR EXISTS (SELECT FROM {schema}.active_jobs
-                  WHERE state = 'queued' AND queue = %(queue)s)
+                  WHERE state = 'queued' AND queue = %(queue)s AND partition_key IS NULL)
+       OR EXISTS (SELECT FROM {schema}.active_jobs
+                  WHERE state = 'queued' AND queue = %(queue)s
+                    AND partition_key IS NOT NULL)
        OR EXISTS (SELECT FROM {schema}.active_jobs
                   WHERE state = 'running' AND queue = %(queue)s)
        -- Waiting jobs have no index of their own: read in the backlog, which an
@@ -1386,8 +1586,10 @@ WITH known AS (
 ),
 changed AS (
     INSERT INTO {schema}.queue_settings AS setting
-        (queue, paused, concurrency_limit, rate_limit)
-    SELECT queue, coalesce(%(paused)s, false), %(concurrency_limit)s, %(rate_limit)s
+        (queue, paused, concurrency_limit, rate_limit, partition_concurrency_limit,
+         partition_rate_limit)
+    SELECT queue, coalesce(%(paused)s, false), %(concurrency_limit)s, %(rate_limit)s,
+           %(partition_concurrency_limit)s, %(partition_rate_limit)s
     FROM known
     ON CONFLICT (queue) DO UPDATE
     SET paused = CASE WHEN %(set_paused)s THEN excluded.paused ELSE setting.paused END,
@@ -1396,6 +1598,12 @@ changed AS (
                                  ELSE setting.concurrency_limit END,
         rate_limit = CASE WHEN %(set_rate_limit)s THEN excluded.rate_limit
                           ELSE setting.rate_limit END,
+        partition_concurrency_limit = CASE WHEN %(set_partition_concurrency_limit)s
+                                           THEN excluded.partition_concurrency_limit
+                                           ELSE setting.partition_concurrency_limit END,
+        partition_rate_limit = CASE WHEN %(set_partition_rate_limit)s
+                                    THEN excluded.partition_rate_limit
+                                    ELSE setting.partition_rate_limit END,
         -- A new rate starts from an empty bucket; the same rate given again keeps its
         -- bucket (a client that sends every setting must not throttle the queue).
         tokens = CASE WHEN %(set_rate_limit)s
@@ -1405,12 +1613,150 @@ changed AS (
                               AND excluded.rate_limit IS DISTINCT FROM setting.rate_limit
                          THEN now() ELSE setting.tokens_at END,
         updated_at = now()
-    RETURNING setting.queue, setting.paused, setting.concurrency_limit, setting.rate_limit
+    RETURNING setting.queue, setting.paused, setting.concurrency_limit, setting.rate_limit,
+              setting.partition_concurrency_limit, setting.partition_rate_limit,
+              -- Only a throttle that still holds.
+              CASE WHEN setting.throttled_until > now() THEN setting.throttled_until END
+                  AS throttled_until
 ),
 woken AS (
     SELECT pg_notify({channel_name}, changed.queue) FROM changed WHERE NOT changed.paused
 )
 SELECT * FROM changed WHERE (SELECT count(*) FROM woken) >= 0;
+
+-- name: job_throttle_many
+-- Handlers that raised Throttle: each running job whose lease is still held goes back
+-- to queued, runnable after its delay, and gives its attempt back (the claim counted
+-- it: attempts goes down by one, so throttles never bring a job closer to dead). A
+-- "partition" scope also throttles the job's key of its queue, a "queue" scope the
+-- whole queue, until the same time (a later end wins over an earlier one, never the
+-- other way). Returns the ids written; a lease lost meanwhile writes nothing.
+WITH throttle AS (
+    SELECT id, token, delay, scope
+    FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(delays)s::float8[],
+                %(scopes)s::text[]) AS throttle (id, token, delay, scope)
+),
+requeued AS (
+    UPDATE {schema}.active_jobs AS job
+    SET state = 'queued',
+        run_at = now() + make_interval(secs => throttle.delay),
+        attempts = greatest(job.attempts - 1, 0),
+        lease_token = NULL,
+        lease_expires_at = NULL
+    FROM throttle
+    WHERE job.id = throttle.id AND job.lease_token = throttle.token
+      AND job.state = 'running'
+    RETURNING job.id, job.queue, job.partition_key, job.run_at, throttle.scope
+),
+keys_throttled AS (
+    INSERT INTO {schema}.partition_controls AS control
+        (queue, partition_key, throttled_until)
+    SELECT queue, partition_key, max(run_at) FROM requeued
+    WHERE scope = 'partition' AND partition_key IS NOT NULL
+    GROUP BY queue, partition_key
+    ORDER BY queue, partition_key
+    ON CONFLICT (queue, partition_key) DO UPDATE
+    SET throttled_until = greatest(control.throttled_until, excluded.throttled_until)
+),
+queues_throttled AS (
+    INSERT INTO {schema}.queue_settings AS setting (queue, throttled_until)
+    SELECT queue, max(run_at) FROM requeued
+    WHERE scope = 'queue'
+    GROUP BY queue
+    ORDER BY queue
+    ON CONFLICT (queue) DO UPDATE
+    SET throttled_until = greatest(setting.throttled_until, excluded.throttled_until)
+)
+SELECT id FROM requeued;
+
+-- name: throttle_set
+-- An operator's throttle (Queue.throttle): no job of the queue, or of one of its keys,
+-- starts before %(seconds)s from now. A later end wins over an earlier one; seconds 0
+-- ends a throttle now. Returns when it ends.
+WITH of_queue AS (
+    INSERT INTO {schema}.queue_settings AS setting (queue, throttled_until)
+    SELECT %(queue)s, now() + make_interval(secs => %(seconds)s)
+    WHERE %(partition_key)s::text IS NULL
+    ON CONFLICT (queue) DO UPDATE
+    SET throttled_until = CASE WHEN %(seconds)s = 0 THEN excluded.throttled_until
+                               ELSE greatest(setting.throttled_until,
+                                             excluded.throttled_until) END
+    RETURNING setting.throttled_until
+),
+of_key AS (
+    INSERT INTO {schema}.partition_controls AS control
+        (queue, partition_key, throttled_until)
+    SELECT %(queue)s, %(partition_key)s, now() + make_interval(secs => %(seconds)s)
+    WHERE %(partition_key)s::text IS NOT NULL
+    ON CONFLICT (queue, partition_key) DO UPDATE
+    SET throttled_until = CASE WHEN %(seconds)s = 0 THEN excluded.throttled_until
+                               ELSE greatest(control.throttled_until,
+                                             excluded.throttled_until) END
+    RETURNING control.throttled_until
+)
+SELECT throttled_until FROM of_queue UNION ALL SELECT throttled_until FROM of_key;
+
+-- name: partitions_list
+-- A queue's partition keys, busiest first (running plus queued, then key), each with
+-- its queued and running jobs and the end of its throttle if one holds; keys that only
+-- a throttle names are listed too. Paged by the previous page's last (busy, key):
+-- %(after_busy)s and %(after_key)s. Reads the queue's queued and running jobs with a
+-- key, through their indexes: an operator's call, which grows with the backlog.
+WITH counted AS (
+    SELECT partition_key,
+           count(*) FILTER (WHERE state = 'queued') AS queued,
+           count(*) FILTER (WHERE state = 'running') AS running
+    FROM (
+        SELECT partition_key, state FROM {schema}.active_jobs
+        WHERE state = 'queued' AND queue = %(queue)s AND partition_key IS NOT NULL
+        UNION ALL
+        SELECT partition_key, state FROM {schema}.active_jobs
+        WHERE state = 'running' AND queue = %(queue)s AND partition_key IS NOT NULL
+    ) AS active
+    GROUP BY partition_key
+),
+listed AS (
+    SELECT coalesce(counted.partition_key, control.partition_key) AS partition_key,
+           coalesce(counted.queued, 0)::bigint AS queued,
+           coalesce(counted.running, 0)::bigint AS running,
+           CASE WHEN control.throttled_until > now() THEN control.throttled_until END
+               AS throttled_until
+    FROM counted
+    FULL JOIN (SELECT * FROM {schema}.partition_controls
+               WHERE queue = %(queue)s AND throttled_until > now()) AS control
+           ON control.partition_key = counted.partition_key
+)
+SELECT partition_key, queued, running, throttled_until FROM listed
+WHERE %(after_key)s::text IS NULL
+   OR queued + running < %(after_busy)s::bigint
+   OR (queued + running = %(after_busy)s::bigint AND partition_key > %(after_key)s::text)
+ORDER BY queued + running DESC, partition_key
+LIMIT %(limit)s;
+
+-- name: throttled_partitions
+-- Per queue, how many partition keys are throttled now (the gauge
+-- pgqueue_throttled_partitions).
+SELECT queue, count(*)::bigint AS keys FROM {schema}.partition_controls
+WHERE throttled_until > now()
+GROUP BY queue
+ORDER BY queue;
+
+-- name: partition_controls_prune
+-- The reaper's: the keys' rows that hold nothing any more, their throttle passed and
+-- their bucket full again (or never spent), so that the next claim finds what a new
+-- key would. Rows held right now (a claim spending, a throttle) are left for later.
+DELETE FROM {schema}.partition_controls AS control
+WHERE ctid = ANY(ARRAY(
+    SELECT held.ctid FROM {schema}.partition_controls AS held
+    LEFT JOIN {schema}.queue_settings AS setting ON setting.queue = held.queue
+    WHERE (held.throttled_until IS NULL OR held.throttled_until <= now())
+      AND (held.tokens IS NULL OR setting.partition_rate_limit IS NULL
+           OR held.tokens + setting.partition_rate_limit
+                  * extract(epoch FROM now() - held.tokens_at)
+              >= greatest(1, setting.partition_rate_limit / 10))
+    LIMIT %(limit)s
+    FOR UPDATE OF held SKIP LOCKED
+));
 
 -- name: job_prune
 -- Deletes one batch of finished jobs older than the cutoff, frees their idempotency
@@ -1488,12 +1834,16 @@ SELECT 1 AS ok;
 -- name: job_next_run_delay
 -- Seconds until the next job this worker could claim becomes runnable (zero or less:
 -- one is runnable now), on the database clock, so a worker sleeps exactly until then.
--- A paused queue's jobs are not waited for (resuming it notifies), and a rate-limited
--- queue's only once its bucket holds a whole job.
--- Reads, per queue and task asked for, the first queued job of each priority that has
--- some, highest first: one probe of active_jobs_claim_idx each, which orders a priority's
--- jobs by run_at, so its first is the one due soonest. However many jobs are queued,
--- of those tasks or any other.
+-- A paused queue's jobs are not waited for (resuming it notifies), a throttled queue's
+-- until its throttle ends, and a rate-limited queue's only once its bucket holds a
+-- whole job.
+-- Reads, per queue and task asked for, the first queued job without a partition key of
+-- each priority that has some, highest first: one probe of active_jobs_claim_idx each,
+-- which orders a priority's jobs by run_at, so its first is the one due soonest.
+-- However many jobs are queued, of those tasks or any other. Jobs with a key are not
+-- ordered by run_at in any index: a queue that has some queued counts as runnable now,
+-- and the worker looks again as it does when a limit holds its jobs back (see
+-- pgqueue_worker.slots).
 WITH RECURSIVE firsts AS (
     SELECT wanted.queue, served.task, first.priority, first.run_at
     FROM unnest(%(queues)s::text[]) AS wanted (queue)
@@ -1501,6 +1851,7 @@ WITH RECURSIVE firsts AS (
     CROSS JOIN LATERAL (
         SELECT priority, run_at FROM {schema}.active_jobs
         WHERE state = 'queued' AND queue = wanted.queue AND task = served.task
+          AND partition_key IS NULL
         ORDER BY priority DESC, run_at, id
         LIMIT 1
     ) AS first
@@ -1510,16 +1861,26 @@ WITH RECURSIVE firsts AS (
     CROSS JOIN LATERAL (
         SELECT priority, run_at FROM {schema}.active_jobs
         WHERE state = 'queued' AND queue = higher.queue AND task = higher.task
-          AND priority < higher.priority
+          AND partition_key IS NULL AND priority < higher.priority
         ORDER BY priority DESC, run_at, id
         LIMIT 1
     ) AS lower
 ),
+keyed AS (
+    SELECT wanted.queue, now() AS run_at
+    FROM unnest(%(queues)s::text[]) AS wanted (queue)
+    WHERE EXISTS (SELECT FROM {schema}.active_jobs
+                  WHERE state = 'queued' AND queue = wanted.queue
+                    AND task = ANY(%(tasks)s::text[]) AND partition_key IS NOT NULL)
+),
 next AS (
-    SELECT queue, min(run_at) AS run_at FROM firsts GROUP BY queue
+    SELECT queue, min(run_at) AS run_at
+    FROM (SELECT queue, run_at FROM firsts UNION ALL SELECT queue, run_at FROM keyed) AS due
+    GROUP BY queue
 )
 SELECT min(greatest(
            extract(epoch FROM next.run_at - now()),
+           extract(epoch FROM setting.throttled_until - clock_timestamp()),
            (1 - least(greatest(1, setting.rate_limit / 10),
                       setting.tokens + setting.rate_limit * greatest(0, extract(
                           epoch FROM clock_timestamp() - setting.tokens_at))))
@@ -1990,11 +2351,11 @@ moved AS (
         (id, queue, task, payload, priority, state, run_at, attempts, max_attempts,
          timeout_seconds, worker_id, enqueued_at, started_at, finished_at, last_error,
          result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
-         has_dependents, tags, progress)
+         has_dependents, tags, progress, partition_key)
     SELECT id, queue, task, payload, priority, 'cancelled', run_at, attempts, max_attempts,
            timeout_seconds, worker_id, enqueued_at, started_at, clock_timestamp(), reason,
            result, idempotency_key, errors, trace_context, unique_key, pending_dependencies,
-           has_dependents, tags, progress
+           has_dependents, tags, progress, partition_key
     FROM cancelled
     RETURNING *
 ),

@@ -83,7 +83,12 @@ CREATE TABLE {schema}.active_jobs (
     -- fraction (0 to 1), message (text or null) and at (when it was written). NULL
     -- until a handler reports. Kept when the job finishes or is retried: it says how
     -- far the last attempt got.
-    progress         jsonb
+    progress         jsonb,
+    -- The tenant, customer or account the job is for (at most 200 characters, checked
+    -- by pgqueue), or NULL. Claims take jobs with a key round-robin across keys (fair
+    -- share), and a queue may limit how many jobs of one key run at once or start per
+    -- second (queue_settings): see job_claim_limited.
+    partition_key    text
 ) WITH (
     -- Every job is updated while it runs (claim, heartbeats). Heartbeats touch only
     -- lease_expires_at, which no index references, so they can be HOT updates that stay
@@ -101,10 +106,26 @@ CREATE TABLE {schema}.active_jobs (
 
 -- The claim path reads only queued rows, in claim order, per queue and task: a worker
 -- claims only the tasks it serves, so a claim reads the jobs of those tasks and never
--- the backlog of others (see job_claim).
+-- the backlog of others (see job_claim). Jobs without a partition key only: those with
+-- one are in the next index, so that each lane of a fair-share claim (the jobs of one
+-- key, or those without a key) is one index range in claim order, and every queued job
+-- is in exactly one of the two.
 CREATE INDEX active_jobs_claim_idx
     ON {schema}.active_jobs (queue, task, priority DESC, run_at, id)
-    WHERE state = 'queued';
+    WHERE state = 'queued' AND partition_key IS NULL;
+
+-- Queued jobs with a partition key, by key and then in claim order: a claim walks the
+-- keys one index descent each (a loose index scan, see job_claim_limited) and takes
+-- each key's next jobs from the same range.
+CREATE INDEX active_jobs_partition_claim_idx
+    ON {schema}.active_jobs (queue, task, partition_key, priority DESC, run_at, id)
+    WHERE state = 'queued' AND partition_key IS NOT NULL;
+
+-- The running jobs of one key, counted by a claim of a queue with a
+-- partition_concurrency_limit.
+CREATE INDEX active_jobs_partition_running_idx
+    ON {schema}.active_jobs (queue, partition_key)
+    WHERE state = 'running' AND partition_key IS NOT NULL;
 
 -- The reaper reads only running rows. lease_expires_at is deliberately not indexed
 -- (see fillfactor above); the running set is as small as the workers' slots. By queue
@@ -160,7 +181,8 @@ CREATE TABLE {schema}.finished_jobs (
     pending_dependencies integer,
     has_dependents   boolean NOT NULL DEFAULT false,
     tags             text[],
-    progress         jsonb
+    progress         jsonb,
+    partition_key    text
 ) PARTITION BY LIST (state);
 
 -- Each state's days. A DEFAULT partition takes any row no day covers (a day not
@@ -383,7 +405,80 @@ CREATE TABLE {schema}.queue_settings (
                       CHECK (rate_limit > 0 AND rate_limit < 'Infinity'::double precision),
     tokens            double precision NOT NULL DEFAULT 0,
     tokens_at         timestamptz NOT NULL DEFAULT now(),
-    updated_at        timestamptz NOT NULL DEFAULT now()
+    updated_at        timestamptz NOT NULL DEFAULT now(),
+    -- Per partition key of this queue: jobs of one key running at once, and jobs of one
+    -- key started per second (each key's bucket is in partition_controls). Jobs without
+    -- a key are bound by the queue-wide limits only.
+    partition_concurrency_limit integer CHECK (partition_concurrency_limit >= 0),
+    partition_rate_limit        double precision
+                                CHECK (partition_rate_limit > 0
+                                       AND partition_rate_limit < 'Infinity'::double precision),
+    -- No job of this queue starts before this time: a handler's Throttle(scope="queue"),
+    -- or an operator's. Kept after it passes (it then holds nothing).
+    throttled_until   timestamptz
+);
+
+-- Each partition key's own controls, for the keys that have any: the token bucket of
+-- the queue's partition_rate_limit (as queue_settings' bucket, NULL until the key's
+-- first claim under a rate: a key starts with a full bucket), and a throttle until
+-- which no job of the key starts (a handler's Throttle(scope="partition")). Written by
+-- claims of a rate-limited queue (under its row lock) and by throttles; a row that
+-- holds nothing any more (its throttle passed, its bucket full again) is deleted by
+-- the reaper, which changes nothing: the key's next claim finds what a new key would.
+CREATE TABLE {schema}.partition_controls (
+    queue           text NOT NULL,
+    partition_key   text NOT NULL,
+    tokens          double precision,
+    tokens_at       timestamptz,
+    throttled_until timestamptz,
+    PRIMARY KEY (queue, partition_key)
+);
+
+-- How many jobs of one partition key may start now, at most wanted: none while the key
+-- is throttled, else what the queue's partition_concurrency_limit leaves beside the
+-- key's running jobs (counted, never kept as a counter that could drift) and what its
+-- bucket holds under partition_rate_limit (NULL limits bind nothing). tokens is the
+-- bucket refilled to now (NULL without a rate), for the claim to spend. Called by
+-- job_claim_limited for each key it walks.
+CREATE FUNCTION {schema}.partition_room(
+    queue text, partition_key text, concurrency_limit integer,
+    rate_limit double precision, wanted integer,
+    OUT room integer, OUT tokens double precision)
+LANGUAGE sql VOLATILE AS $$
+    SELECT CASE
+               WHEN control.throttled_until > clock_timestamp() THEN 0
+               ELSE least(
+                   wanted,
+                   CASE WHEN concurrency_limit IS NOT NULL THEN greatest(0,
+                       concurrency_limit - (
+                           SELECT count(*) FROM {schema}.active_jobs AS job
+                           WHERE job.state = 'running' AND job.queue = $1
+                             AND job.partition_key = $2))::int
+                   END,
+                   floor(bucket.tokens)::int)
+           END,
+           bucket.tokens
+    FROM (SELECT) AS one
+    LEFT JOIN {schema}.partition_controls AS control
+           ON control.queue = $1 AND control.partition_key = $2
+    LEFT JOIN LATERAL (
+        SELECT least(greatest(1, rate_limit / 10),
+                     coalesce(control.tokens, greatest(1, rate_limit / 10))
+                     + rate_limit * greatest(0, extract(epoch FROM
+                         clock_timestamp() - coalesce(control.tokens_at, clock_timestamp()))))
+                   AS tokens
+        WHERE rate_limit IS NOT NULL
+    ) AS bucket ON true
+$$;
+
+-- Where each queue's fair share stands: the partition key its latest claim served
+-- last. The next claim starts after it in text order, so that keys take turns across
+-- claims, and across workers (see job_claim_limited). Written by claims that took jobs
+-- with a key, without ever waiting: a claim that finds the row held by another leaves
+-- it to that one. Unlogged: lost in a crash, the turns start again from the first key.
+CREATE UNLOGGED TABLE {schema}.fair_share_cursors (
+    queue         text PRIMARY KEY,
+    partition_key text NOT NULL
 );
 
 -- The workers running now: each `pgqueue worker` inserts its row when it starts,
@@ -603,7 +698,7 @@ BEGIN
                  timeout_seconds, worker_id, enqueued_at, started_at, finished_at,
                  last_error, result, idempotency_key, errors, trace_context, unique_key,
                  pending_dependencies, has_dependents,
-                 tags, progress)
+                 tags, progress, partition_key)
             SELECT cancelled.id, cancelled.queue, cancelled.task, cancelled.payload,
                    cancelled.priority, 'cancelled', cancelled.run_at, cancelled.attempts,
                    cancelled.max_attempts, cancelled.timeout_seconds, cancelled.worker_id,
@@ -611,7 +706,7 @@ BEGIN
                    cancelled.reason, cancelled.result, cancelled.idempotency_key,
                    cancelled.errors, cancelled.trace_context, cancelled.unique_key,
                    cancelled.pending_dependencies, cancelled.has_dependents,
-                   cancelled.tags, cancelled.progress
+                   cancelled.tags, cancelled.progress, cancelled.partition_key
             FROM cancelled
             RETURNING finished_jobs.id
         ),
