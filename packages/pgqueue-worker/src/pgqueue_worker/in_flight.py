@@ -15,7 +15,7 @@ from collections import Counter
 from itertools import chain
 from typing import Any
 
-from pgqueue import Job, Lease, TaskHandler, effects
+from pgqueue import Job, Lease, TaskHandler, Throttle, effects
 from pgqueue_worker.executor import Attempt, Executor
 from pgqueue_worker.leases import LeaseSet
 from pgqueue_worker.outcomes import Outcome, WriteReport
@@ -98,7 +98,8 @@ class InFlightAttempts:
             )
             self._forget_if_done(attempt)
             return
-        if error is not None:
+        # A Throttle is no error: the writer logs it, in one line, once written.
+        if error is not None and not isinstance(error, Throttle):
             log.info(
                 "job %s %s attempt %s raised",
                 attempt.job.id,

@@ -480,7 +480,13 @@ WITH room AS MATERIALIZED (
 ),
 sources AS MATERIALIZED (
     SELECT room.queue, served.task, room.jobs AS room, room.key_limit, room.key_rate,
-           room.turn_after
+           room.turn_after,
+           -- Whether a key's room needs asking (partition_room): not for a queue
+           -- without partition limits whose keys have no controls (no throttle), the
+           -- fair share alone.
+           room.key_limit IS NOT NULL OR room.key_rate IS NOT NULL
+           OR EXISTS (SELECT FROM {schema}.partition_controls AS control
+                      WHERE control.queue = room.queue) AS keys_controlled
     FROM room
     CROSS JOIN unnest(%(tasks)s::text[]) AS served (task)
     WHERE room.jobs > 0
@@ -517,9 +523,14 @@ keys AS MATERIALIZED (
                 ) AS found
                 ORDER BY found.wrapped LIMIT 1
             ) AS first
-            CROSS JOIN LATERAL {schema}.partition_room(
-                sources.queue, first.partition_key, sources.key_limit, sources.key_rate,
-                %(limit)s) AS key_room
+            CROSS JOIN LATERAL (
+                SELECT * FROM {schema}.partition_room(
+                    sources.queue, first.partition_key, sources.key_limit, sources.key_rate,
+                    %(limit)s)
+                WHERE sources.keys_controlled
+                UNION ALL
+                SELECT %(limit)s::int, NULL::float8 WHERE NOT sources.keys_controlled
+            ) AS key_room
             UNION ALL
             SELECT next.partition_key, next.wrapped, walk.place + 1,
                    walk.opened + (key_room.room > 0)::int, key_room.room, key_room.tokens
@@ -545,9 +556,14 @@ keys AS MATERIALIZED (
                 ) AS found
                 ORDER BY found.wrapped LIMIT 1
             ) AS next
-            CROSS JOIN LATERAL {schema}.partition_room(
-                sources.queue, next.partition_key, sources.key_limit, sources.key_rate,
-                %(limit)s) AS key_room
+            CROSS JOIN LATERAL (
+                SELECT * FROM {schema}.partition_room(
+                    sources.queue, next.partition_key, sources.key_limit, sources.key_rate,
+                    %(limit)s)
+                WHERE sources.keys_controlled
+                UNION ALL
+                SELECT %(limit)s::int, NULL::float8 WHERE NOT sources.keys_controlled
+            ) AS key_room
             WHERE walk.place < 8 * %(limit)s AND walk.opened < %(limit)s
         )
         SELECT walk.partition_key, walk.room, walk.tokens, walk.place
