@@ -52,6 +52,7 @@ def _run(
         "jobs_per_second": rate,
         "verified": verified,
         "not_first_attempt_successes": 0 if verified else 1,
+        "load_average_1m": 2.5 + repeat,
         "tenants": tenants,
         "small_tenants": _latency(min(small_p99) / 10, max(small_p99)),
         **({} if phase == "alone" else {"backlog_seconds": 3.0}),
@@ -156,6 +157,7 @@ def test_the_results_page_has_a_fairness_section(tmp_path: Path) -> None:
     ) in section
     assert "| jobs/s over `fifo` | - | 0.95x (0.95-0.95) | 0.80x |" in section
     assert "took 3.0-3.0 s to drain; 95%-95% of the small tenants' jobs" in section
+    assert "1-minute load average at the runs' ends: 3.5-4.5." in section
     assert "(the worst tenant's median per-repeat ratio) | 3.75x | at most 2x | **no** |" in section
     assert "| jobs/s with fair share / jobs/s FIFO (median per-repeat ratio) | 0.95x |" in section
     assert "Raw data: `results/fairness.json`." in section

@@ -33,6 +33,7 @@ pairs the phases within each repeat for the ratios the targets are held to.
 
 from __future__ import annotations
 
+import os
 import tempfile
 import time
 from collections.abc import Iterable
@@ -360,6 +361,7 @@ def _describe_run(run: dict[str, Any]) -> str:
     if run.get("backlog_seconds") is not None:
         big = run["tenants"][BIG_TENANT]["latency_ms"]
         text += f"; large tenant p50 {big['p50']:.0f} ms"
+    text += f"; load {run['load_average_1m']}"
     if not run["verified"]:
         text += f"; NOT verified: {run['not_first_attempt_successes']} jobs"
     return text
@@ -504,6 +506,8 @@ def fairness_command(
                             progress=progress,
                             label=label,
                         )
+                # Other work on the machine moves every figure: say how busy it was.
+                run["load_average_1m"] = round(os.getloadavg()[0], 2)
                 runs.append({"repeat": repeat + 1, **run})
                 progress.log(_describe_run(run))
     summary = summarize(runs)

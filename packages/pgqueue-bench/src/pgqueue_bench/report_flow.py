@@ -136,7 +136,8 @@ def _small_tenant_ratios(summary: dict[str, Any]) -> list[str]:
 
 
 def _backlog_note(runs: list[dict[str, Any]]) -> list[str]:
-    """How long the backlog lasted, and what share of the small tenants' jobs met it."""
+    """How long the backlog lasted, what share of the small tenants' jobs met it, and
+    how busy the machine was."""
     during = [
         run["small_jobs_enqueued_during_backlog"]
         for run in runs
@@ -145,10 +146,16 @@ def _backlog_note(runs: list[dict[str, Any]]) -> list[str]:
     seconds = [run["backlog_seconds"] for run in runs if run.get("backlog_seconds")]
     if not during or not seconds:
         return []
+    loads = [run["load_average_1m"] for run in runs if "load_average_1m" in run]
+    load = (
+        f" The machine's 1-minute load average at the runs' ends: {min(loads):g}-{max(loads):g}."
+        if loads
+        else ""
+    )
     return [
         f"The large tenant's jobs took {min(seconds):.1f}-{max(seconds):.1f} s to drain; "
         f"{min(during):.0%}-{max(during):.0%} of the small tenants' jobs were enqueued "
-        "before its last job started, so met the backlog.",
+        f"before its last job started, so met the backlog.{load}",
         "",
     ]
 
