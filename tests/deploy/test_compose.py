@@ -384,7 +384,7 @@ def build_context(tmp_path_factory) -> set[str]:
         "packages/pgqueue-core/src/pgqueue_core.egg-info/PKG-INFO",
         *(f"{folder}/{name}/pyproject.toml" for folder, name in DISTRIBUTIONS),
         "packages/pgqueue-core/src/pgqueue/cli.py",
-        "packages/pgqueue-core/src/pgqueue/sql/queries.sql",
+        "packages/pgqueue-core/src/pgqueue/sql/statements/claiming.sql",
         "packages/pgqueue-core/src/pgqueue-core.pth",
         "plugins/pgqueue-examples/src/pgqueue_examples/__init__.py",
     ]:
@@ -420,7 +420,7 @@ def test_the_build_context_leaves_out_local_state(build_context, left_out):
 def test_the_build_context_has_what_the_dockerfile_copies(build_context):
     for folder, name in DISTRIBUTIONS:
         assert f"{folder}/{name}/pyproject.toml" in build_context
-    assert "packages/pgqueue-core/src/pgqueue/sql/queries.sql" in build_context
+    assert "packages/pgqueue-core/src/pgqueue/sql/statements/claiming.sql" in build_context
     assert "packages/pgqueue-core/src/pgqueue-core.pth" in build_context
     copied = [args.split()[0] for k, args in dockerfile_instructions() if k == "COPY"]
     for source in copied:

@@ -64,5 +64,5 @@ def test_migrations_are_numbered_from_one_without_gaps():
 
 
 def test_unknown_query_names_are_reported():
-    with pytest.raises(KeyError, match="no query named"):
+    with pytest.raises(KeyError, match="no statement named"):
         queries.bind("job_teleport", "s")

@@ -1,4 +1,18 @@
-"""Named SQL statements, loaded from ``sql/queries.sql`` and bound to a schema."""
+"""Named SQL statements, loaded from ``sql/statements/*.sql`` and bound to a schema.
+
+Every statement pgqueue runs is named Entity+Verb, in the file of its subject
+(producing, claiming, outcomes, jobs, dependencies, controls, stats, registry, history,
+schedules, setup). Each state transition is one statement, guarded by the state it
+leaves (and by the lease token where a worker holds the job), and reads only the
+database clock.
+
+Placeholders: ``{schema}`` is the quoted schema name, ``{lock}`` the row-lock clause of
+a claim, ``{channel}`` the schema's notification channel (see :func:`bind`); the few
+statements that name a partition, a filter or a bound have their own, filled by
+:func:`compose`. A statement whose name starts with an underscore is a fragment that
+others include where they write ``{_name}``, so that a part two statements share is
+written once. Parameters use psycopg's ``%(name)s`` style.
+"""
 
 from __future__ import annotations
 
@@ -23,9 +37,28 @@ CLAIM_LOCKS = {
 }
 
 
+_FRAGMENT = re.compile(r"\{(_\w+)\}")
+
+
 @cache
 def _raw_queries() -> dict[str, str]:
-    return named_statements(resources.files("pgqueue.sql").joinpath("queries.sql").read_text())
+    """Every statement of every file, by name, its fragments included."""
+    statements: dict[str, str] = {}
+    for file in sorted(
+        resources.files("pgqueue.sql").joinpath("statements").iterdir(), key=lambda f: f.name
+    ):
+        if not file.name.endswith(".sql"):
+            continue
+        for name, body in named_statements(file.read_text()).items():
+            if name in statements:
+                raise ValueError(f"statement {name!r} is named twice (again in {file.name})")
+            statements[name] = body
+    fragments = {name: body for name, body in statements.items() if name.startswith("_")}
+    return {
+        name: _FRAGMENT.sub(lambda found: fragments[found.group(1)], body)
+        for name, body in statements.items()
+        if not name.startswith("_")
+    }
 
 
 def named_statements(text: str) -> dict[str, str]:
@@ -48,7 +81,7 @@ def _strip_comments(body: str) -> str:
 
 
 def query_names() -> list[str]:
-    """Every named query in the SQL file."""
+    """Every named statement (fragments left out)."""
     return sorted(_raw_queries())
 
 
@@ -71,7 +104,7 @@ def compose(
     try:
         body = _raw_queries()[name]
     except KeyError:
-        raise KeyError(f"no query named {name!r} in queries.sql") from None
+        raise KeyError(f"no statement named {name!r} in sql/statements") from None
     return sql.SQL(body).format(
         schema=sql.Identifier(schema),
         lock=CLAIM_LOCKS[lock],

@@ -2,7 +2,7 @@
 every worker.
 
 A queue's settings live in ``queue_settings`` (one row per configured queue) and are
-read by every claim (see ``job_claim`` in ``sql/queries.sql``), so a change holds from
+read by every claim (see ``job_claim`` in ``sql/statements/claiming.sql``), so a change holds from
 the next claim of every worker on:
 
 - ``paused``: claims take no job from the queue; enqueues still land. Jobs a worker

@@ -1,7 +1,7 @@
 """Least-privilege group roles for a pgqueue schema (see docs/roles.md).
 
 :func:`grant_roles` creates, if missing, four NOLOGIN group roles named after the
-schema, and grants each exactly what pgqueue's statements (``sql/queries.sql``) need
+schema, and grants each exactly what pgqueue's statements (``sql/statements/``) need
 when run by that kind of client:
 
 - ``<schema>_producer``: enqueue (single, batch, COPY, idempotency and unique keys,
