@@ -114,11 +114,11 @@ CREATE INDEX active_jobs_claim_idx
     ON {schema}.active_jobs (queue, task, priority DESC, run_at, id)
     WHERE state = 'queued' AND partition_key IS NULL;
 
--- Queued jobs with a partition key, by key and then in claim order: a claim walks the
--- keys one index descent each (a loose index scan, see job_claim_limited) and takes
--- each key's next jobs from the same range.
+-- Queued jobs with a partition key, by priority, then key, then in claim order: a
+-- claim walks the lanes (the jobs of one priority and key) one index descent each, a
+-- loose index scan (lane_after), and takes each lane's next jobs from its range.
 CREATE INDEX active_jobs_partition_claim_idx
-    ON {schema}.active_jobs (queue, task, partition_key, priority DESC, run_at, id)
+    ON {schema}.active_jobs (queue, task, priority DESC, partition_key, run_at, id)
     WHERE state = 'queued' AND partition_key IS NOT NULL;
 
 -- The running jobs of one key, counted by a claim of a queue with a
@@ -433,6 +433,77 @@ CREATE TABLE {schema}.partition_controls (
     throttled_until timestamptz,
     PRIMARY KEY (queue, partition_key)
 );
+
+-- The lane of queued jobs with a partition key (one priority, one key) that comes
+-- after the lane (priority, partition_key) in fair-share order, for one queue and task
+-- whose turn stands at turn: the next key of the same priority in text order, up to
+-- the end and then, wrapped, from the first key up to the turn; then the next lower
+-- priority's first key after the turn (or its first key). NULL priority and key: the
+-- first lane. No row: no lane after it. Each branch is one descent of
+-- active_jobs_partition_claim_idx, and the branches are tried in order until one
+-- finds a lane. Called by job_claim_limited's walk.
+CREATE FUNCTION {schema}.lane_after(
+    queue text, task text, turn text, priority smallint, partition_key text,
+    wrapped boolean)
+RETURNS TABLE (lane_priority smallint, lane_key text, lane_wrapped boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT found.priority, found.partition_key, found.wrapped
+    FROM (
+        (SELECT job.priority, job.partition_key, lane_after.wrapped
+         FROM {schema}.active_jobs AS job
+         WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
+           AND job.queue = lane_after.queue AND job.task = lane_after.task
+           AND job.priority = lane_after.priority
+           AND job.partition_key > lane_after.partition_key
+           AND (NOT lane_after.wrapped OR job.partition_key <= lane_after.turn)
+         ORDER BY job.partition_key
+         LIMIT 1)
+        UNION ALL
+        (SELECT job.priority, job.partition_key, true
+         FROM {schema}.active_jobs AS job
+         WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
+           AND job.queue = lane_after.queue AND job.task = lane_after.task
+           AND job.priority = lane_after.priority
+           AND NOT lane_after.wrapped AND job.partition_key <= lane_after.turn
+         ORDER BY job.partition_key
+         LIMIT 1)
+        UNION ALL
+        (SELECT lower.priority, first.partition_key, first.wrapped
+         FROM (
+             SELECT job.priority
+             FROM {schema}.active_jobs AS job
+             WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
+               AND job.queue = lane_after.queue AND job.task = lane_after.task
+               AND (lane_after.priority IS NULL OR job.priority < lane_after.priority)
+             ORDER BY job.priority DESC
+             LIMIT 1
+         ) AS lower
+         CROSS JOIN LATERAL (
+             SELECT starting.partition_key, starting.wrapped
+             FROM (
+                 (SELECT job.partition_key, false AS wrapped
+                  FROM {schema}.active_jobs AS job
+                  WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
+                    AND job.queue = lane_after.queue AND job.task = lane_after.task
+                    AND job.priority = lower.priority
+                    AND job.partition_key > coalesce(lane_after.turn, '')
+                  ORDER BY job.partition_key
+                  LIMIT 1)
+                 UNION ALL
+                 (SELECT job.partition_key, true
+                  FROM {schema}.active_jobs AS job
+                  WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
+                    AND job.queue = lane_after.queue AND job.task = lane_after.task
+                    AND job.priority = lower.priority
+                    AND job.partition_key <= lane_after.turn
+                  ORDER BY job.partition_key
+                  LIMIT 1)
+             ) AS starting
+             LIMIT 1
+         ) AS first)
+    ) AS found
+    LIMIT 1
+$$;
 
 -- How many jobs of one partition key may start now, at most wanted: none while the key
 -- is throttled, else what the queue's partition_concurrency_limit leaves beside the

@@ -34,7 +34,7 @@ CREATE INDEX active_jobs_claim_idx
     WHERE state = 'queued' AND partition_key IS NULL;
 
 CREATE INDEX IF NOT EXISTS active_jobs_partition_claim_idx
-    ON {schema}.active_jobs (queue, task, partition_key, priority DESC, run_at, id)
+    ON {schema}.active_jobs (queue, task, priority DESC, partition_key, run_at, id)
     WHERE state = 'queued' AND partition_key IS NOT NULL;
 
 CREATE INDEX IF NOT EXISTS active_jobs_partition_running_idx
@@ -62,6 +62,69 @@ CREATE UNLOGGED TABLE {schema}.fair_share_cursors (
     queue         text PRIMARY KEY,
     partition_key text NOT NULL
 );
+
+CREATE FUNCTION {schema}.lane_after(
+    queue text, task text, turn text, priority smallint, partition_key text,
+    wrapped boolean)
+RETURNS TABLE (lane_priority smallint, lane_key text, lane_wrapped boolean)
+LANGUAGE sql STABLE AS $$
+    SELECT found.priority, found.partition_key, found.wrapped
+    FROM (
+        (SELECT job.priority, job.partition_key, lane_after.wrapped
+         FROM {schema}.active_jobs AS job
+         WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
+           AND job.queue = lane_after.queue AND job.task = lane_after.task
+           AND job.priority = lane_after.priority
+           AND job.partition_key > lane_after.partition_key
+           AND (NOT lane_after.wrapped OR job.partition_key <= lane_after.turn)
+         ORDER BY job.partition_key
+         LIMIT 1)
+        UNION ALL
+        (SELECT job.priority, job.partition_key, true
+         FROM {schema}.active_jobs AS job
+         WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
+           AND job.queue = lane_after.queue AND job.task = lane_after.task
+           AND job.priority = lane_after.priority
+           AND NOT lane_after.wrapped AND job.partition_key <= lane_after.turn
+         ORDER BY job.partition_key
+         LIMIT 1)
+        UNION ALL
+        (SELECT lower.priority, first.partition_key, first.wrapped
+         FROM (
+             SELECT job.priority
+             FROM {schema}.active_jobs AS job
+             WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
+               AND job.queue = lane_after.queue AND job.task = lane_after.task
+               AND (lane_after.priority IS NULL OR job.priority < lane_after.priority)
+             ORDER BY job.priority DESC
+             LIMIT 1
+         ) AS lower
+         CROSS JOIN LATERAL (
+             SELECT starting.partition_key, starting.wrapped
+             FROM (
+                 (SELECT job.partition_key, false AS wrapped
+                  FROM {schema}.active_jobs AS job
+                  WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
+                    AND job.queue = lane_after.queue AND job.task = lane_after.task
+                    AND job.priority = lower.priority
+                    AND job.partition_key > coalesce(lane_after.turn, '')
+                  ORDER BY job.partition_key
+                  LIMIT 1)
+                 UNION ALL
+                 (SELECT job.partition_key, true
+                  FROM {schema}.active_jobs AS job
+                  WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
+                    AND job.queue = lane_after.queue AND job.task = lane_after.task
+                    AND job.priority = lower.priority
+                    AND job.partition_key <= lane_after.turn
+                  ORDER BY job.partition_key
+                  LIMIT 1)
+             ) AS starting
+             LIMIT 1
+         ) AS first)
+    ) AS found
+    LIMIT 1
+$$;
 
 CREATE FUNCTION {schema}.partition_room(
     queue text, partition_key text, concurrency_limit integer,

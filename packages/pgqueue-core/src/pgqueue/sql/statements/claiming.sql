@@ -195,19 +195,22 @@ no_longer_waiting AS (
 -- queued -> running for up to %(limit)s runnable jobs in claim order, as they allow.
 --
 -- Claim order (docs/operating-queues.md): priority first. Within one priority, the
--- jobs are taken round-robin across lanes, one job per lane per round: each partition
--- key of a (queue, task) is a lane, and its jobs without a key are one more, served
--- first in each round. The keys follow each other in text order starting after the key
--- that the queue's previous claim served last (fair_share_cursors), wrapping around,
--- so the key served least recently comes first. Within a lane, run_at, then id.
+-- jobs are taken round-robin across lanes, one job per lane per round: the jobs of
+-- each partition key are a lane, and the jobs without a key are one more (of every
+-- queue and task asked for, in priority, run_at, id order, as if they were one queue),
+-- served first in each round. The keys follow each other in text order starting after
+-- the key that the queue's previous claim served last (fair_share_cursors), wrapping
+-- around, so the key served least recently comes first. Within a lane, run_at, then
+-- id.
 --
--- The keys come from a loose index scan of active_jobs_partition_claim_idx, one descent
--- per key, up to %(limit)s keys that have room (a key throttled, at its concurrency
--- limit or out of tokens is passed over, and the walk goes on to the next), and at most
--- 8 times that many keys in all. Each lane then gives its share of the claim, read in
--- claim order from its index range: a claim reads a few index entries per job, however
--- long the backlog and however many keys it holds. A lane that has fewer jobs than its
--- share leaves the claim short; the next claim, in a moment, takes the rest.
+-- The lanes of keys come from a loose index scan of active_jobs_partition_claim_idx
+-- (by priority, then key), one or two descents per lane, up to %(limit)s lanes that
+-- may give a job now (a lane whose jobs are all delayed, or whose key is throttled, at
+-- its concurrency limit or out of tokens, is passed over, and the walk goes on), and
+-- at most 8 times that many lanes in all. Each lane then gives its share of the claim,
+-- read in claim order from its index range: a claim reads a few index entries per job,
+-- however long the backlog and however many keys it holds. When the shares come back
+-- short, the lanes' next jobs make up the claim.
 --
 -- Jobs that another claim holds are skipped (SKIP LOCKED) and the lane's next ones
 -- taken. No queue gives more than its room, and no key more than its own (ranked,
@@ -286,189 +289,206 @@ sources AS MATERIALIZED (
     WHERE room.jobs > 0
 ),
 keys AS MATERIALIZED (
-    -- Each source's partition keys that have room, in turn order: first the keys after
-    -- the queue's turn, then from the first key up to it (wrapped). Each step of the
-    -- walk is one descent of active_jobs_partition_claim_idx to the next key with queued
-    -- jobs, and partition_room() says how many jobs of that key may start now. The walk
-    -- stops once it has found %(limit)s keys with room, or has walked 8 times that many.
-    SELECT sources.queue, sources.task, walked.partition_key, walked.room, walked.tokens,
-           walked.place
+    -- Each source's lanes of jobs with a key, in claim order: a lane is the jobs of one
+    -- key and one priority, the highest priority first, and within one priority the
+    -- keys in turn order (after the queue's turn, then from the first key up to it).
+    -- Each step of the walk is a descent or two of active_jobs_partition_claim_idx
+    -- (lane_after), and asks whether the lane has a job runnable now and how many jobs
+    -- of its key may start (partition_room, only for a queue that limits or throttles
+    -- keys). The walk stops once it has found %(limit)s lanes that may give a job, or
+    -- has walked 8 times that many.
+    SELECT sources.queue, sources.task, walked.priority, walked.partition_key,
+           walked.room, walked.tokens, walked.place
     FROM sources
     CROSS JOIN LATERAL (
-        WITH RECURSIVE walk (partition_key, wrapped, place, opened, room, tokens) AS (
-            SELECT first.partition_key, first.wrapped, 1, (key_room.room > 0)::int,
-                   key_room.room, key_room.tokens
-            FROM (
-                SELECT found.partition_key, found.wrapped
-                FROM (
-                    (SELECT job.partition_key, false AS wrapped
-                     FROM {schema}.active_jobs AS job
-                     WHERE job.state = 'queued' AND job.queue = sources.queue
-                       AND job.task = sources.task AND job.partition_key IS NOT NULL
-                       AND job.partition_key > coalesce(sources.turn_after, '')
-                     ORDER BY job.partition_key LIMIT 1)
-                    UNION ALL
-                    (SELECT job.partition_key, true AS wrapped
-                     FROM {schema}.active_jobs AS job
-                     WHERE job.state = 'queued' AND job.queue = sources.queue
-                       AND job.task = sources.task AND job.partition_key IS NOT NULL
-                       AND job.partition_key <= sources.turn_after
-                     ORDER BY job.partition_key LIMIT 1)
-                ) AS found
-                ORDER BY found.wrapped LIMIT 1
-            ) AS first
+        WITH RECURSIVE walk (priority, partition_key, wrapped, place, opened, room, tokens)
+        AS (
+            SELECT first.lane_priority, first.lane_key, first.lane_wrapped, 1,
+                   (open.room > 0)::int, open.room, open.tokens
+            FROM {schema}.lane_after(sources.queue, sources.task, sources.turn_after,
+                                     NULL, NULL, false) AS first
             CROSS JOIN LATERAL (
-                SELECT * FROM {schema}.partition_room(
-                    sources.queue, first.partition_key, sources.key_limit, sources.key_rate,
-                    %(limit)s)
-                WHERE sources.keys_controlled
-                UNION ALL
-                SELECT %(limit)s::int, NULL::float8 WHERE NOT sources.keys_controlled
-            ) AS key_room
+                SELECT CASE WHEN EXISTS (
+                                SELECT FROM {schema}.active_jobs AS job
+                                WHERE job.state = 'queued' AND job.queue = sources.queue
+                                  AND job.task = sources.task
+                                  AND job.partition_key = first.lane_key
+                                  AND job.priority = first.lane_priority
+                                  AND job.run_at <= now())
+                            THEN key_room.room ELSE 0 END AS room,
+                       key_room.tokens
+                FROM (
+                    SELECT * FROM {schema}.partition_room(
+                        sources.queue, first.lane_key, sources.key_limit,
+                        sources.key_rate, %(limit)s)
+                    WHERE sources.keys_controlled
+                    UNION ALL
+                    SELECT %(limit)s::int, NULL::float8 WHERE NOT sources.keys_controlled
+                ) AS key_room
+            ) AS open
             UNION ALL
-            SELECT next.partition_key, next.wrapped, walk.place + 1,
-                   walk.opened + (key_room.room > 0)::int, key_room.room, key_room.tokens
+            SELECT next.lane_priority, next.lane_key, next.lane_wrapped, walk.place + 1,
+                   walk.opened + (open.room > 0)::int, open.room, open.tokens
             FROM walk
+            CROSS JOIN LATERAL {schema}.lane_after(
+                sources.queue, sources.task, sources.turn_after, walk.priority,
+                walk.partition_key, walk.wrapped) AS next
             CROSS JOIN LATERAL (
-                SELECT found.partition_key, found.wrapped
+                SELECT CASE WHEN EXISTS (
+                                SELECT FROM {schema}.active_jobs AS job
+                                WHERE job.state = 'queued' AND job.queue = sources.queue
+                                  AND job.task = sources.task
+                                  AND job.partition_key = next.lane_key
+                                  AND job.priority = next.lane_priority
+                                  AND job.run_at <= now())
+                            THEN key_room.room ELSE 0 END AS room,
+                       key_room.tokens
                 FROM (
-                    (SELECT job.partition_key, walk.wrapped AS wrapped
-                     FROM {schema}.active_jobs AS job
-                     WHERE job.state = 'queued' AND job.queue = sources.queue
-                       AND job.task = sources.task AND job.partition_key IS NOT NULL
-                       AND job.partition_key > walk.partition_key
-                       AND (NOT walk.wrapped OR job.partition_key <= sources.turn_after)
-                     ORDER BY job.partition_key LIMIT 1)
+                    SELECT * FROM {schema}.partition_room(
+                        sources.queue, next.lane_key, sources.key_limit,
+                        sources.key_rate, %(limit)s)
+                    WHERE sources.keys_controlled
                     UNION ALL
-                    (SELECT job.partition_key, true AS wrapped
-                     FROM {schema}.active_jobs AS job
-                     WHERE job.state = 'queued' AND job.queue = sources.queue
-                       AND job.task = sources.task AND job.partition_key IS NOT NULL
-                       AND NOT walk.wrapped
-                       AND job.partition_key <= sources.turn_after
-                     ORDER BY job.partition_key LIMIT 1)
-                ) AS found
-                ORDER BY found.wrapped LIMIT 1
-            ) AS next
-            CROSS JOIN LATERAL (
-                SELECT * FROM {schema}.partition_room(
-                    sources.queue, next.partition_key, sources.key_limit, sources.key_rate,
-                    %(limit)s)
-                WHERE sources.keys_controlled
-                UNION ALL
-                SELECT %(limit)s::int, NULL::float8 WHERE NOT sources.keys_controlled
-            ) AS key_room
+                    SELECT %(limit)s::int, NULL::float8 WHERE NOT sources.keys_controlled
+                ) AS key_room
+            ) AS open
             WHERE walk.place < 8 * %(limit)s AND walk.opened < %(limit)s
         )
-        SELECT walk.partition_key, walk.room, walk.tokens, walk.place
+        SELECT walk.priority, walk.partition_key, walk.room, walk.tokens, walk.place
         FROM walk
         WHERE walk.room > 0
     ) AS walked
 ),
-lanes AS MATERIALIZED (
-    -- The keys with room, and each source's jobs without a key (lane place 0, first in
-    -- every round) when it has one runnable: a probe of active_jobs_claim_idx.
-    SELECT queue, task, partition_key, room, place FROM keys
-    UNION ALL
-    SELECT sources.queue, sources.task, NULL, sources.room, 0
+keyless AS MATERIALIZED (
+    -- Each source's jobs without a key, when it has one runnable now, with the
+    -- priority of the best: a probe of active_jobs_claim_idx.
+    SELECT sources.queue, sources.task, sources.room, head.priority
     FROM sources
-    WHERE EXISTS (SELECT FROM {schema}.active_jobs
-                  WHERE state = 'queued'
-                    AND queue = sources.queue
-                    AND task = sources.task
-                    AND run_at <= now()
-                    AND partition_key IS NULL)
+    CROSS JOIN LATERAL (
+        SELECT priority FROM {schema}.active_jobs
+        WHERE state = 'queued'
+          AND queue = sources.queue
+          AND task = sources.task
+          AND run_at <= now()
+          AND partition_key IS NULL
+        ORDER BY priority DESC, run_at, id
+        LIMIT 1
+    ) AS head
 ),
-shared AS (
-    -- Each lane's share of the claim, its first jobs in claim order: the claim split
-    -- evenly between the lanes, at most the lane's room. A lane of a key reads its
-    -- range of active_jobs_partition_claim_idx, the lane without a key its range of
-    -- active_jobs_claim_idx.
-    SELECT lanes.queue, lanes.task, lanes.partition_key, lanes.place, lanes.room,
-           least(lanes.room, ceil(%(limit)s::numeric / (SELECT count(*) FROM lanes))::int)
-               AS share
-    FROM lanes
+lanes AS MATERIALIZED (
+    -- The lanes of keys, and each source's jobs without a key (place 0: first in every
+    -- round), which count as one lane whatever the sources. A lane's share of the
+    -- claim is the claim split evenly between the lanes of its priority and above (at
+    -- most its room), so that the lanes of the highest priority offer enough jobs to
+    -- fill the claim by themselves.
+    SELECT keys.queue, keys.task, keys.priority, keys.partition_key, keys.room,
+           keys.place,
+           least(keys.room, ceil(%(limit)s::numeric / (
+               count(*) OVER (ORDER BY keys.priority DESC RANGE UNBOUNDED PRECEDING)
+               + (EXISTS (SELECT FROM keyless WHERE keyless.priority >= keys.priority))::int
+           ))::int) AS share
+    FROM keys
+    UNION ALL
+    SELECT keyless.queue, keyless.task, keyless.priority, NULL, keyless.room, 0,
+           least(keyless.room, ceil(%(limit)s::numeric / (
+               1 + (SELECT count(*) FROM keys WHERE keys.priority >= keyless.priority)
+           ))::int)
+    FROM keyless
 ),
 taken AS (
-    SELECT shared.queue, shared.task, shared.partition_key, shared.place,
-           shared.room AS lane_room, candidate.id, candidate.priority, candidate.run_at
-    FROM shared
+    -- Each lane's share, its first jobs in claim order: a lane of a key reads its range
+    -- of active_jobs_partition_claim_idx, the lane without a key its range of
+    -- active_jobs_claim_idx (all its priorities).
+    SELECT lanes.queue, lanes.task, lanes.partition_key, lanes.place,
+           lanes.room AS lane_room, candidate.id, candidate.priority, candidate.run_at
+    FROM lanes
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM {schema}.active_jobs
         WHERE state = 'queued'
-          AND queue = shared.queue
-          AND task = shared.task
-          AND partition_key = shared.partition_key
+          AND queue = lanes.queue
+          AND task = lanes.task
+          AND priority = lanes.priority
+          AND partition_key = lanes.partition_key
           AND run_at <= now()
-        ORDER BY priority DESC, run_at, id
-        LIMIT shared.share
+        ORDER BY run_at, id
+        LIMIT lanes.share
         {lock}
     ) AS candidate
-    WHERE shared.partition_key IS NOT NULL
+    WHERE lanes.partition_key IS NOT NULL
     UNION ALL
-    SELECT shared.queue, shared.task, NULL, shared.place, shared.room, candidate.id,
+    SELECT lanes.queue, lanes.task, NULL, lanes.place, lanes.room, candidate.id,
            candidate.priority, candidate.run_at
-    FROM shared
+    FROM lanes
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM {schema}.active_jobs
         WHERE state = 'queued'
-          AND queue = shared.queue
-          AND task = shared.task
+          AND queue = lanes.queue
+          AND task = lanes.task
           AND partition_key IS NULL
           AND run_at <= now()
         ORDER BY priority DESC, run_at, id
-        LIMIT shared.share
+        LIMIT lanes.share
         {lock}
     ) AS candidate
-    WHERE shared.partition_key IS NULL
+    WHERE lanes.partition_key IS NULL
 ),
 more AS (
     -- When the shares came back short (another claim holds some of their jobs, or a
     -- lane has fewer jobs than its share), the lanes' next jobs make up the claim, so
     -- that a claim comes back short only when there are no more jobs it may take.
-    SELECT shared.queue, shared.task, shared.partition_key, shared.place,
-           shared.room AS lane_room, candidate.id, candidate.priority, candidate.run_at
-    FROM shared
+    SELECT lanes.queue, lanes.task, lanes.partition_key, lanes.place,
+           lanes.room AS lane_room, candidate.id, candidate.priority, candidate.run_at
+    FROM lanes
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM {schema}.active_jobs
         WHERE state = 'queued'
-          AND queue = shared.queue
-          AND task = shared.task
-          AND partition_key = shared.partition_key
+          AND queue = lanes.queue
+          AND task = lanes.task
+          AND priority = lanes.priority
+          AND partition_key = lanes.partition_key
           AND run_at <= now()
           AND id <> ALL(ARRAY(SELECT id FROM taken))
-        ORDER BY priority DESC, run_at, id
-        LIMIT greatest(0, least(shared.room, %(limit)s - (SELECT count(*) FROM taken)))
+        ORDER BY run_at, id
+        LIMIT greatest(0, least(lanes.room, %(limit)s - (SELECT count(*) FROM taken)))
         {lock}
     ) AS candidate
-    WHERE shared.partition_key IS NOT NULL
-      AND (SELECT count(*) FROM taken) < (SELECT sum(share) FROM shared)
+    WHERE lanes.partition_key IS NOT NULL
+      AND (SELECT count(*) FROM taken) < (SELECT sum(share) FROM lanes)
     UNION ALL
-    SELECT shared.queue, shared.task, NULL, shared.place, shared.room, candidate.id,
+    SELECT lanes.queue, lanes.task, NULL, lanes.place, lanes.room, candidate.id,
            candidate.priority, candidate.run_at
-    FROM shared
+    FROM lanes
     CROSS JOIN LATERAL (
         SELECT id, priority, run_at FROM {schema}.active_jobs
         WHERE state = 'queued'
-          AND queue = shared.queue
-          AND task = shared.task
+          AND queue = lanes.queue
+          AND task = lanes.task
           AND partition_key IS NULL
           AND run_at <= now()
           AND id <> ALL(ARRAY(SELECT id FROM taken))
         ORDER BY priority DESC, run_at, id
-        LIMIT greatest(0, least(shared.room, %(limit)s - (SELECT count(*) FROM taken)))
+        LIMIT greatest(0, least(lanes.room, %(limit)s - (SELECT count(*) FROM taken)))
         {lock}
     ) AS candidate
-    WHERE shared.partition_key IS NULL
-      AND (SELECT count(*) FROM taken) < (SELECT sum(share) FROM shared)
+    WHERE lanes.partition_key IS NULL
+      AND (SELECT count(*) FROM taken) < (SELECT sum(share) FROM lanes)
 ),
 rounds AS (
-    -- The round of a job is its place among its lane's jobs of the same priority.
+    -- The round of a job with a key is its place in its lane; the jobs without a key,
+    -- of every source, are one lane, in claim order (priority, run_at, id), as if they
+    -- were one queue.
     SELECT candidate.*,
            row_number() OVER (PARTITION BY candidate.queue, candidate.task,
                                            candidate.partition_key, candidate.priority
                               ORDER BY candidate.run_at, candidate.id) AS round
     FROM (SELECT * FROM taken UNION ALL SELECT * FROM more) AS candidate
+    WHERE candidate.partition_key IS NOT NULL
+    UNION ALL
+    SELECT candidate.*,
+           row_number() OVER (PARTITION BY candidate.priority
+                              ORDER BY candidate.run_at, candidate.id) AS round
+    FROM (SELECT * FROM taken UNION ALL SELECT * FROM more) AS candidate
+    WHERE candidate.partition_key IS NULL
 ),
 claimable AS (
     -- In claim order, no queue beyond its room and no key beyond its own.
