@@ -13,6 +13,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from pgqueue import Queue, WorkerProtocol, WorkerRegistration
 
+NO_PARTITION_SETTINGS = {
+    "partition_concurrency_limit": None,
+    "partition_rate_limit": None,
+    "throttled_until": None,
+}
+
 
 def _worker(worker_id: str, queues: list[str], tasks: list[str]) -> WorkerRegistration:
     return WorkerRegistration(
@@ -40,6 +46,7 @@ def test_queues_show_settings_and_patch_changes_only_what_is_given(
         "paused": False,
         "concurrency_limit": 3,
         "rate_limit": 20.0,
+        **NO_PARTITION_SETTINGS,
     }
     answer = api.patch("/queues/mail", json={"paused": True, "rate_limit": None})
     assert answer.json() == {
@@ -47,6 +54,7 @@ def test_queues_show_settings_and_patch_changes_only_what_is_given(
         "paused": True,
         "concurrency_limit": 3,
         "rate_limit": None,
+        **NO_PARTITION_SETTINGS,
     }
     mail = _queues(api)["mail"]
     assert (mail["paused"], mail["concurrency_limit"], mail["rate_limit"]) == (True, 3, None)

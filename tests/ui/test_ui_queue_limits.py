@@ -5,46 +5,16 @@ changing "max running" alone leaves the rate limit, and its token bucket, as the
 from __future__ import annotations
 
 from datetime import datetime
-from html.parser import HTMLParser
 from typing import Any
 
 import psycopg
 import pytest
 from psycopg import sql
-from ui_support import logged_in_client
+from ui_support import limits_form, logged_in_client
 
 from pgqueue import Queue
 
 pytestmark = pytest.mark.slow
-
-
-class _Forms(HTMLParser):
-    """The input fields of every limits form on a page, by the queue each one is for."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.forms: list[dict[str, str]] = []
-        self._current: dict[str, str] | None = None
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        attributes = dict(attrs)
-        if tag == "form" and attributes.get("action") == "/ui/queues/limits":
-            self._current = {}
-            self.forms.append(self._current)
-        elif tag == "input" and self._current is not None and attributes.get("name"):
-            self._current[str(attributes["name"])] = attributes.get("value") or ""
-
-    def handle_endtag(self, tag: str) -> None:
-        if tag == "form":
-            self._current = None
-
-
-def limits_form(html: str, queue_name: str) -> dict[str, str]:
-    """What a browser would submit from ``queue_name``'s limits form, left as shown."""
-    parser = _Forms()
-    parser.feed(html)
-    (form,) = [form for form in parser.forms if form.get("queue") == queue_name]
-    return form
 
 
 def settings_row(db: psycopg.Connection, schema: str, queue_name: str) -> dict[str, Any]:

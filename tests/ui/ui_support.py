@@ -11,6 +11,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any
 
@@ -165,3 +166,32 @@ def log_in(page: Any, base_url: str, target: str = "/ui") -> None:
     page.fill("input[name=token]", TOKEN)
     page.click("button:has-text('Log in')")
     page.wait_for_url(base_url + target)
+
+
+class _Forms(HTMLParser):
+    """The input fields of every limits form on a page, by the queue each one is for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.forms: list[dict[str, str]] = []
+        self._current: dict[str, str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        if tag == "form" and attributes.get("action") == "/ui/queues/limits":
+            self._current = {}
+            self.forms.append(self._current)
+        elif tag == "input" and self._current is not None and attributes.get("name"):
+            self._current[str(attributes["name"])] = attributes.get("value") or ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "form":
+            self._current = None
+
+
+def limits_form(html: str, queue_name: str) -> dict[str, str]:
+    """What a browser would submit from ``queue_name``'s limits form, left as shown."""
+    parser = _Forms()
+    parser.feed(html)
+    (form,) = [form for form in parser.forms if form.get("queue") == queue_name]
+    return form

@@ -40,7 +40,9 @@ class QueueCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
-        return iter(families(self.queue.metrics_snapshot()))
+        snapshot = self.queue.metrics_snapshot()
+        throttled = self.queue.throttled_partitions()
+        return iter([*families(snapshot), throttled_partitions(snapshot, throttled)])
 
 
 def families(snapshot: MetricsSnapshot) -> list[Metric]:
@@ -109,6 +111,21 @@ def families(snapshot: MetricsSnapshot) -> list[Metric]:
         completed.add_metric([queue.queue], queue.completed)
         failures.add_metric([queue.queue], queue.failures)
     return [jobs, completed, failures, unserved, oldest, run_seconds, pickup_seconds, workers]
+
+
+def throttled_partitions(snapshot: MetricsSnapshot, throttled: dict[str, int]) -> Metric:
+    """``pgqueue_throttled_partitions{queue}``: per queue, its partition keys throttled
+    now (0 for every queue of the snapshot that has none, so a dashboard can tell "none"
+    from "not scraped")."""
+    gauge = GaugeMetricFamily(
+        "pgqueue_throttled_partitions",
+        "Partition keys throttled now (by a handler's Throttle or an operator), by queue.",
+        labels=["queue"],
+    )
+    counts = {queue.queue: 0 for queue in snapshot.queues} | throttled
+    for queue_name, count in sorted(counts.items()):
+        gauge.add_metric([queue_name], count)
+    return gauge
 
 
 def _cumulative(bounds: list[float], counts: list[int]) -> list[tuple[str, float]]:

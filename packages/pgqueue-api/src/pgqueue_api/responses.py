@@ -75,6 +75,9 @@ class Job(ResponseBody):
         description="While running: when the lease ends unless the worker renews it."
     )
     tags: list[str] = Field(description="The tags it was enqueued with; empty for none.")
+    partition_key: str | None = Field(
+        description="The partition it takes turns in within its queue; null for none."
+    )
     progress: JobProgress | None = Field(
         description=(
             "The latest progress its handler reported (written at most once a second per "
@@ -238,6 +241,18 @@ class QueueSummary(ResponseBody):
     rate_limit: float | None = Field(
         description="Jobs started per second across every worker, at most; null: no limit."
     )
+    partition_concurrency_limit: int | None = Field(
+        description="Jobs of one partition key running at once, at most; null: no limit."
+    )
+    partition_rate_limit: float | None = Field(
+        description="Jobs of one partition key started per second, at most; null: no limit."
+    )
+    throttled_until: datetime | None = Field(
+        description=(
+            "Until when the whole queue is throttled (by a handler's `Throttle` with scope "
+            "`queue`, or an operator): no job of it starts before; null: not throttled."
+        )
+    )
     unserved: dict[str, int] = Field(
         description="Per task, the queued jobs that no live worker serves in this queue."
     )
@@ -252,8 +267,33 @@ class QueueSummary(ResponseBody):
             paused=stats.paused,
             concurrency_limit=stats.concurrency_limit,
             rate_limit=stats.rate_limit,
+            partition_concurrency_limit=stats.partition_concurrency_limit,
+            partition_rate_limit=stats.partition_rate_limit,
+            throttled_until=stats.throttled_until,
             unserved=stats.unserved,
         )
+
+
+class Partition(ResponseBody):
+    """One partition key of a queue: its jobs queued and running, and its throttle."""
+
+    partition_key: str = Field(description="The key.")
+    queued: int = Field(description="Its queued jobs (runnable now or later).")
+    running: int = Field(description="Its jobs claimed by a worker.")
+    throttled_until: datetime | None = Field(
+        description="Until when no job of this key starts (a throttle); null: not throttled."
+    )
+
+
+class PartitionList(ResponseBody):
+    """One page of a queue's partition keys, busiest first."""
+
+    partitions: list[Partition] = Field(
+        description="Up to `limit` keys, by running plus queued jobs descending, then by key."
+    )
+    next_after: str | None = Field(
+        description="Pass as `after` to get the next page; null on the last page."
+    )
 
 
 class QueueList(ResponseBody):

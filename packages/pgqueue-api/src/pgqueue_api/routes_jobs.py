@@ -147,6 +147,7 @@ def job_spec(job: JobCreate | BatchJobCreate) -> JobSpec:
         timeout_seconds=job.timeout_seconds,
         unique_key=job.unique_key,
         tags=job.tags,
+        partition_key=job.partition_key,
         depends_on=[
             BatchItem(item.index) if isinstance(item, EarlierItem) else item
             for item in job.depends_on
@@ -299,6 +300,7 @@ def _list_jobs(queue: Queue, filters: JobFilter) -> Response:
         after=filters.after,
         tags=filters.tag,
         payload_contains=filters.payload_contains,
+        partition_key=filters.partition_key,
     )
     jobs = [job_body(job) for job in page.jobs]
     return json_response({"jobs": jobs, "next_after": page.next_after})

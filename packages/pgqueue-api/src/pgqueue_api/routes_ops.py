@@ -41,8 +41,9 @@ health_router = APIRouter(route_class=StrictJSONRoute, tags=["operations"])
 )
 async def list_queues(queue: QueueDep) -> QueueList:
     """Every queue that holds jobs or settings: how many jobs are in each state, how long
-    the oldest job that could run now has waited, whether it is paused, its limits, and
-    its queued jobs per task that no live worker serves."""
+    the oldest job that could run now has waited, whether it is paused, its limits
+    (partition limits too), until when it is throttled, and its queued jobs per task
+    that no live worker serves."""
     stats: list[QueueStats] = await run_in_threadpool(queue.stats)
     return QueueList(queues=[QueueSummary.from_stats(queue_stats) for queue_stats in stats])
 
@@ -67,7 +68,8 @@ async def metrics(request: Request) -> Response:
     wait to start (from when its job became runnable to its claim), all read from the
     database; then, from the worker registry,
     `pgqueue_unserved_jobs{queue,task}` (queued jobs whose task no live worker serves in
-    their queue) and `pgqueue_workers{queue}` (live workers serving each queue)."""
+    their queue) and `pgqueue_workers{queue}` (live workers serving each queue); and
+    `pgqueue_throttled_partitions{queue}` (partition keys throttled now)."""
     registry: CollectorRegistry = request.app.state.metrics_registry
     text = await run_in_threadpool(render, registry)
     return Response(text, media_type=CONTENT_TYPE)

@@ -53,6 +53,13 @@ Name = Annotated[
 ]
 
 
+PARTITION_KEY_RULES = f"1 to {validation.PARTITION_KEY_MAX_LENGTH} characters"
+
+PartitionKey = Annotated[
+    StrictStr, StringConstraints(min_length=1, max_length=validation.PARTITION_KEY_MAX_LENGTH)
+]
+"""A job's partition key: the lane it takes turns in within its queue."""
+
 JobIdValue = Annotated[StrictInt, Field(ge=1, le=JOB_ID_MAX)]
 """A job id in a request body."""
 
@@ -130,6 +137,16 @@ class _JobFields(RequestBody):
             f"strings of 1 to {validation.TAG_MAX_LENGTH} characters; each is kept once."
         ),
     )
+    partition_key: PartitionKey | None = Field(
+        default=None,
+        description=(
+            f"The job's partition ({PARTITION_KEY_RULES}), such as a tenant or customer: "
+            "within a priority, workers take one job per partition in turn, so one "
+            "partition's backlog does not hold up the others, and the queue's "
+            "partition limits hold per partition. Null: the jobs without a key, one "
+            "lane of their own."
+        ),
+    )
     max_attempts: StrictInt = Field(
         default=DEFAULT_MAX_ATTEMPTS,
         ge=1,
@@ -202,6 +219,9 @@ class JobFilter(RequestBody):
         default_factory=list,
         max_length=validation.TAGS_MAX,
         description="Only jobs carrying this tag; repeat it for jobs carrying all of them.",
+    )
+    partition_key: PartitionKey | None = Field(
+        default=None, description="Only jobs with this partition key."
     )
     payload_contains: str | None = Field(
         default=None,

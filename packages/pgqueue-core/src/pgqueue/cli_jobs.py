@@ -108,6 +108,14 @@ def _exit_as_waited(job: Job, waited: float) -> None:
     metavar="TAG",
     help="Label the job, to find it by (repeatable; at most 16, of 1 to 64 characters).",
 )
+@click.option(
+    "--partition-key",
+    metavar="KEY",
+    help=(
+        "The job's partition (1 to 200 characters, such as a tenant): keys take turns "
+        "within a priority, and the queue's partition limits hold per key."
+    ),
+)
 @wait_option("the job")
 @database_options
 def enqueue(
@@ -134,7 +142,7 @@ def enqueue(
         raise click.BadParameter("JSON nested too deeply", param_hint="--payload") from None
     for hint, value in (("TASK", task), ("--queue", options["queue"])):
         _check_utf8(value, hint)
-    for name in ("idempotency_key", "unique_key"):
+    for name in ("idempotency_key", "unique_key", "partition_key"):
         if options[name] is not None:
             _check_utf8(options[name], f"--{name.replace('_', '-')}")
     for tag in options["tags"]:

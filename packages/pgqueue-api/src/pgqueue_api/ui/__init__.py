@@ -10,7 +10,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.staticfiles import StaticFiles
 
-from pgqueue_api.ui import actions, common, pages, queue_actions, security, views
+from pgqueue_api.ui import actions, common, pages, partitions, queue_actions, security, views
 from pgqueue_api.ui.finished import FinishedHistory
 
 PUBLIC_PREFIXES = (security.UI_PREFIX,)
@@ -25,6 +25,7 @@ def install_ui(app: FastAPI) -> None:
     app.include_router(actions.protected)
     app.include_router(queue_actions.router)
     app.include_router(pages.router)
+    app.include_router(partitions.router)
     app.add_exception_handler(common.LoginRequired, common.login_required_response)
     app.add_exception_handler(actions.CsrfRefused, actions.csrf_refused_response)
     app.add_middleware(security.SecurityHeadersMiddleware)

@@ -149,7 +149,7 @@ async def bulk_action(
     done, skipped = await run_in_threadpool(run)
     back = {
         name: field
-        for name in ("queue", "task", "state", "tag", "contains", "after")
+        for name in ("queue", "task", "state", "tag", "partition_key", "contains", "after")
         if isinstance(field := form.get(name), str) and field
     }
     back.update(bulk=verb, done=str(done), skipped=str(skipped))

@@ -25,7 +25,11 @@ TEMPLATES = Jinja2Templates(
     )
 )
 TEMPLATES.env.filters.update(
-    age=views.age, when=views.when, local_time=views.local_time, limit_value=views.limit_value
+    age=views.age,
+    when=views.when,
+    until=views.until,
+    local_time=views.local_time,
+    limit_value=views.limit_value,
 )
 STATES = [state.value for state in JobState]
 FRAGMENT_PREFIX = "/ui/fragments/"

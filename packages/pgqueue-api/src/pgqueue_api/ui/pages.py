@@ -19,6 +19,7 @@ from pgqueue import (
     Queue,
     ValidationError,
     WorkerInfo,
+    validation,
 )
 from pgqueue.queue import JobPage
 from pgqueue.queue_metrics import QueueStats
@@ -117,6 +118,11 @@ State = Annotated[
 ]
 Name = Annotated[str | None, Query(max_length=200)]
 After = Annotated[int | None, Query(ge=1, le=JOB_ID_MAX)]
+PartitionKey = Annotated[str | None, Query(max_length=validation.PARTITION_KEY_MAX_LENGTH)]
+
+
+FILTER_NAMES = {"tag": "Tag", "partition_key": "Partition key"}
+"""What the jobs page calls a filter whose value the listing refused."""
 
 
 def _tags(text: str | None) -> list[str]:
@@ -148,6 +154,7 @@ def _listing(
         state=filters["state"],
         tags=_tags(filters.get("tag")),
         payload_contains=filters.get("contains"),
+        partition_key=filters.get("partition_key"),
         limit=PAGE_SIZE,
         after=after,
         above=above or None,
@@ -165,14 +172,15 @@ async def jobs_page(
     state: State = None,
     q: Annotated[str | None, Query(max_length=300)] = None,
     tag: Annotated[str | None, Query(max_length=1200)] = None,
+    partition_key: PartitionKey = None,
     contains: Annotated[str | None, Query(max_length=2000)] = None,
     after: After = None,
     bulk: Annotated[Literal["cancel", "retry"] | None, Query()] = None,
     done: Annotated[int | None, Query(ge=0)] = None,
     skipped: Annotated[int | None, Query(ge=0)] = None,
 ) -> Response:
-    """Jobs newest first, filtered by queue, task, state and tags (``tag``, separated by
-    commas: jobs with all of them), a page at a time (keyset: ``after`` is the last id
+    """Jobs newest first, filtered by queue, task, state, tags (``tag``, separated by
+    commas: jobs with all of them) and partition key, a page at a time (keyset: ``after`` is the last id
     of the page before); ``q`` finds one job by id, by idempotency key or by the unique
     key of a queued or running job, or, given a JSON object, lists the jobs whose
     payload contains it (``contains``, as ``GET /jobs?payload_contains=``)."""
@@ -185,6 +193,7 @@ async def jobs_page(
         "task": _blank(task),
         "state": _blank(state),
         "tag": _blank(tag),
+        "partition_key": partition_key or None,  # a key is taken as it is, spaces too
         "contains": _blank(contains),
     }
     not_found = None
@@ -203,7 +212,7 @@ async def jobs_page(
         (page, next_after, window), queue_names = await run_in_threadpool(read)
     except ValidationError as exc:
         # A tag or a payload filter that is not one: say so above an empty page.
-        invalid = f"{'Tag' if exc.field == 'tag' else 'Payload filter'} {exc.message}."
+        invalid = f"{FILTER_NAMES.get(exc.field, 'Payload filter')} {exc.message}."
         page, next_after, window = JobPage(jobs=[], next_after=None), None, None
         queue_names = sorted(s.queue for s in await run_in_threadpool(store.stats))
     return render(
@@ -229,6 +238,7 @@ async def jobs_fragment(
     task: Name = None,
     state: State = None,
     tag: Annotated[str | None, Query(max_length=1200)] = None,
+    partition_key: PartitionKey = None,
     contains: Annotated[str | None, Query(max_length=2000)] = None,
     after: After = None,
 ) -> Response:
@@ -239,6 +249,7 @@ async def jobs_fragment(
         "task": _blank(task),
         "state": _blank(state),
         "tag": _blank(tag),
+        "partition_key": partition_key or None,  # a key is taken as it is, spaces too
         "contains": _blank(contains),
     }
     try:

@@ -28,6 +28,15 @@ class BadLimit(ValueError):
 _Limit = TypeVar("_Limit", int, float)
 
 
+LIMIT_FIELDS: dict[str, Callable[[str], int | float]] = {
+    "concurrency_limit": int,
+    "rate_limit": float,
+    "partition_concurrency_limit": int,
+    "partition_rate_limit": float,
+}
+"""The limits form's fields, as ``update_queue`` names them, and the numbers they take."""
+
+
 def _limit(form: FormData, name: str, kind: Callable[[str], _Limit]) -> _Limit | None:
     text = str(form.get(name) or "").strip()
     if not text:
@@ -46,12 +55,12 @@ def _changed_limits(form: FormData) -> dict[str, Any]:
     The dashboard's form says what each field showed (``<name>_shown``): a field sent
     back as it was shown is left out, so the limit stays what it is now, whoever set
     it since, and a rate limit is not set again (which would empty its token bucket).
-    A form without them (a script's) sets both fields as given."""
+    A form without them (a script's) sets the fields it has as given; a field it
+    lacks altogether stays as it is."""
     changed: dict[str, Any] = {}
-    if _edited(form, "concurrency_limit"):
-        changed["concurrency_limit"] = _limit(form, "concurrency_limit", int)
-    if _edited(form, "rate_limit"):
-        changed["rate_limit"] = _limit(form, "rate_limit", float)
+    for name, kind in LIMIT_FIELDS.items():
+        if name in form and _edited(form, name):
+            changed[name] = _limit(form, name, kind)
     return changed
 
 
@@ -67,9 +76,9 @@ async def queue_action(
     verb: Literal["pause", "resume", "limits"],
     form: Annotated[FormData, Depends(checked_form)],
 ) -> Response:
-    """Pause or resume a queue, or set its limits (an empty field: no limit; a field
-    left as it was shown: unchanged); then the queues page again, or, for a value the
-    queue refuses, the page with the reason."""
+    """Pause or resume a queue, or set its limits, the partition limits among them (an
+    empty field: no limit; a field left as it was shown: unchanged); then the queues
+    page again, or, for a value the queue refuses, the page with the reason."""
     if not queue_controls()["pause"]:
         return Response("this pgqueue has no queue controls", status_code=404)
     name = str(form.get("queue") or "")

@@ -117,6 +117,13 @@ def when(value: datetime | str | None) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
+def until(value: datetime | None) -> str:
+    """When a throttle ends, as :func:`when` writes it; empty for none, or one over."""
+    if value is None or value <= datetime.now(UTC):
+        return ""
+    return when(value)
+
+
 def limit_value(value: float | None) -> str:
     """A queue limit as a form field's value: the number itself, every digit of it
     (Python's shortest round-trip text), so that the field, sent back unchanged, reads

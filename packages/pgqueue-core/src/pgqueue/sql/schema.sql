@@ -439,36 +439,39 @@ CREATE TABLE {schema}.partition_controls (
 -- whose turn stands at turn: the next key of the same priority in text order, up to
 -- the end and then, wrapped, from the first key up to the turn; then the next lower
 -- priority's first key after the turn (or its first key). NULL priority and key: the
--- first lane. No row: no lane after it. Each branch is one descent of
+-- first lane. No row: no lane after it. lane_run_at is when the lane's first job is
+-- due (its earliest: the index orders a lane by run_at), so whether the lane has a job
+-- runnable now comes with it. Each branch is one descent of
 -- active_jobs_partition_claim_idx, and the branches are tried in order until one
 -- finds a lane. Called by job_claim_limited's walk.
 CREATE FUNCTION {schema}.lane_after(
     queue text, task text, turn text, priority smallint, partition_key text,
     wrapped boolean)
-RETURNS TABLE (lane_priority smallint, lane_key text, lane_wrapped boolean)
+RETURNS TABLE (lane_priority smallint, lane_key text, lane_wrapped boolean,
+              lane_run_at timestamptz)
 LANGUAGE sql STABLE AS $$
-    SELECT found.priority, found.partition_key, found.wrapped
+    SELECT found.priority, found.partition_key, found.wrapped, found.run_at
     FROM (
-        (SELECT job.priority, job.partition_key, lane_after.wrapped
+        (SELECT job.priority, job.partition_key, lane_after.wrapped, job.run_at
          FROM {schema}.active_jobs AS job
          WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
            AND job.queue = lane_after.queue AND job.task = lane_after.task
            AND job.priority = lane_after.priority
            AND job.partition_key > lane_after.partition_key
            AND (NOT lane_after.wrapped OR job.partition_key <= lane_after.turn)
-         ORDER BY job.partition_key
+         ORDER BY job.partition_key, job.run_at, job.id
          LIMIT 1)
         UNION ALL
-        (SELECT job.priority, job.partition_key, true
+        (SELECT job.priority, job.partition_key, true, job.run_at
          FROM {schema}.active_jobs AS job
          WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
            AND job.queue = lane_after.queue AND job.task = lane_after.task
            AND job.priority = lane_after.priority
            AND NOT lane_after.wrapped AND job.partition_key <= lane_after.turn
-         ORDER BY job.partition_key
+         ORDER BY job.partition_key, job.run_at, job.id
          LIMIT 1)
         UNION ALL
-        (SELECT lower.priority, first.partition_key, first.wrapped
+        (SELECT lower.priority, first.partition_key, first.wrapped, first.run_at
          FROM (
              SELECT job.priority
              FROM {schema}.active_jobs AS job
@@ -479,24 +482,24 @@ LANGUAGE sql STABLE AS $$
              LIMIT 1
          ) AS lower
          CROSS JOIN LATERAL (
-             SELECT starting.partition_key, starting.wrapped
+             SELECT starting.partition_key, starting.wrapped, starting.run_at
              FROM (
-                 (SELECT job.partition_key, false AS wrapped
+                 (SELECT job.partition_key, false AS wrapped, job.run_at
                   FROM {schema}.active_jobs AS job
                   WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
                     AND job.queue = lane_after.queue AND job.task = lane_after.task
                     AND job.priority = lower.priority
                     AND job.partition_key > coalesce(lane_after.turn, '')
-                  ORDER BY job.partition_key
+                  ORDER BY job.partition_key, job.run_at, job.id
                   LIMIT 1)
                  UNION ALL
-                 (SELECT job.partition_key, true
+                 (SELECT job.partition_key, true, job.run_at
                   FROM {schema}.active_jobs AS job
                   WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
                     AND job.queue = lane_after.queue AND job.task = lane_after.task
                     AND job.priority = lower.priority
                     AND job.partition_key <= lane_after.turn
-                  ORDER BY job.partition_key
+                  ORDER BY job.partition_key, job.run_at, job.id
                   LIMIT 1)
              ) AS starting
              LIMIT 1

@@ -66,30 +66,31 @@ CREATE UNLOGGED TABLE {schema}.fair_share_cursors (
 CREATE FUNCTION {schema}.lane_after(
     queue text, task text, turn text, priority smallint, partition_key text,
     wrapped boolean)
-RETURNS TABLE (lane_priority smallint, lane_key text, lane_wrapped boolean)
+RETURNS TABLE (lane_priority smallint, lane_key text, lane_wrapped boolean,
+              lane_run_at timestamptz)
 LANGUAGE sql STABLE AS $$
-    SELECT found.priority, found.partition_key, found.wrapped
+    SELECT found.priority, found.partition_key, found.wrapped, found.run_at
     FROM (
-        (SELECT job.priority, job.partition_key, lane_after.wrapped
+        (SELECT job.priority, job.partition_key, lane_after.wrapped, job.run_at
          FROM {schema}.active_jobs AS job
          WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
            AND job.queue = lane_after.queue AND job.task = lane_after.task
            AND job.priority = lane_after.priority
            AND job.partition_key > lane_after.partition_key
            AND (NOT lane_after.wrapped OR job.partition_key <= lane_after.turn)
-         ORDER BY job.partition_key
+         ORDER BY job.partition_key, job.run_at, job.id
          LIMIT 1)
         UNION ALL
-        (SELECT job.priority, job.partition_key, true
+        (SELECT job.priority, job.partition_key, true, job.run_at
          FROM {schema}.active_jobs AS job
          WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
            AND job.queue = lane_after.queue AND job.task = lane_after.task
            AND job.priority = lane_after.priority
            AND NOT lane_after.wrapped AND job.partition_key <= lane_after.turn
-         ORDER BY job.partition_key
+         ORDER BY job.partition_key, job.run_at, job.id
          LIMIT 1)
         UNION ALL
-        (SELECT lower.priority, first.partition_key, first.wrapped
+        (SELECT lower.priority, first.partition_key, first.wrapped, first.run_at
          FROM (
              SELECT job.priority
              FROM {schema}.active_jobs AS job
@@ -100,24 +101,24 @@ LANGUAGE sql STABLE AS $$
              LIMIT 1
          ) AS lower
          CROSS JOIN LATERAL (
-             SELECT starting.partition_key, starting.wrapped
+             SELECT starting.partition_key, starting.wrapped, starting.run_at
              FROM (
-                 (SELECT job.partition_key, false AS wrapped
+                 (SELECT job.partition_key, false AS wrapped, job.run_at
                   FROM {schema}.active_jobs AS job
                   WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
                     AND job.queue = lane_after.queue AND job.task = lane_after.task
                     AND job.priority = lower.priority
                     AND job.partition_key > coalesce(lane_after.turn, '')
-                  ORDER BY job.partition_key
+                  ORDER BY job.partition_key, job.run_at, job.id
                   LIMIT 1)
                  UNION ALL
-                 (SELECT job.partition_key, true
+                 (SELECT job.partition_key, true, job.run_at
                   FROM {schema}.active_jobs AS job
                   WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
                     AND job.queue = lane_after.queue AND job.task = lane_after.task
                     AND job.priority = lower.priority
                     AND job.partition_key <= lane_after.turn
-                  ORDER BY job.partition_key
+                  ORDER BY job.partition_key, job.run_at, job.id
                   LIMIT 1)
              ) AS starting
              LIMIT 1

@@ -293,9 +293,9 @@ keys AS MATERIALIZED (
     -- key and one priority, the highest priority first, and within one priority the
     -- keys in turn order (after the queue's turn, then from the first key up to it).
     -- Each step of the walk is a descent or two of active_jobs_partition_claim_idx
-    -- (lane_after), and asks whether the lane has a job runnable now and how many jobs
-    -- of its key may start (partition_room, only for a queue that limits or throttles
-    -- keys). The walk stops once it has found %(limit)s lanes that may give a job, or
+    -- (lane_after), which also tells whether the lane has a job runnable now, and asks
+    -- how many jobs of its key may start (partition_room, only for a queue that limits
+    -- or throttles keys). The walk stops once it has found %(limit)s lanes that may give a job, or
     -- has walked 8 times that many.
     SELECT sources.queue, sources.task, walked.priority, walked.partition_key,
            walked.room, walked.tokens, walked.place
@@ -308,14 +308,8 @@ keys AS MATERIALIZED (
             FROM {schema}.lane_after(sources.queue, sources.task, sources.turn_after,
                                      NULL, NULL, false) AS first
             CROSS JOIN LATERAL (
-                SELECT CASE WHEN EXISTS (
-                                SELECT FROM {schema}.active_jobs AS job
-                                WHERE job.state = 'queued' AND job.queue = sources.queue
-                                  AND job.task = sources.task
-                                  AND job.partition_key = first.lane_key
-                                  AND job.priority = first.lane_priority
-                                  AND job.run_at <= now())
-                            THEN key_room.room ELSE 0 END AS room,
+                SELECT CASE WHEN first.lane_run_at <= now() THEN key_room.room ELSE 0 END
+                           AS room,
                        key_room.tokens
                 FROM (
                     SELECT * FROM {schema}.partition_room(
@@ -334,14 +328,8 @@ keys AS MATERIALIZED (
                 sources.queue, sources.task, sources.turn_after, walk.priority,
                 walk.partition_key, walk.wrapped) AS next
             CROSS JOIN LATERAL (
-                SELECT CASE WHEN EXISTS (
-                                SELECT FROM {schema}.active_jobs AS job
-                                WHERE job.state = 'queued' AND job.queue = sources.queue
-                                  AND job.task = sources.task
-                                  AND job.partition_key = next.lane_key
-                                  AND job.priority = next.lane_priority
-                                  AND job.run_at <= now())
-                            THEN key_room.room ELSE 0 END AS room,
+                SELECT CASE WHEN next.lane_run_at <= now() THEN key_room.room ELSE 0 END
+                           AS room,
                        key_room.tokens
                 FROM (
                     SELECT * FROM {schema}.partition_room(

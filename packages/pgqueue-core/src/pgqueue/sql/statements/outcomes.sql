@@ -365,16 +365,6 @@ requeued AS (
       AND job.state = 'running'
     RETURNING job.id, job.queue, job.partition_key, job.run_at, throttle.scope
 ),
-keys_throttled AS (
-    INSERT INTO {schema}.partition_controls AS control
-        (queue, partition_key, throttled_until)
-    SELECT queue, partition_key, max(run_at) FROM requeued
-    WHERE scope = 'partition' AND partition_key IS NOT NULL
-    GROUP BY queue, partition_key
-    ORDER BY queue, partition_key
-    ON CONFLICT (queue, partition_key) DO UPDATE
-    SET throttled_until = greatest(control.throttled_until, excluded.throttled_until)
-),
 queues_throttled AS (
     INSERT INTO {schema}.queue_settings AS setting (queue, throttled_until)
     SELECT queue, max(run_at) FROM requeued
@@ -383,8 +373,24 @@ queues_throttled AS (
     ORDER BY queue
     ON CONFLICT (queue) DO UPDATE
     SET throttled_until = greatest(setting.throttled_until, excluded.throttled_until)
+    RETURNING setting.queue
+),
+keys_throttled AS (
+    -- After the queues' rows (it reads what queues_throttled wrote): a claim of a
+    -- limited queue locks the queue's row, then writes its keys' rows, and rows taken
+    -- in the same order never wait for each other in a cycle.
+    INSERT INTO {schema}.partition_controls AS control
+        (queue, partition_key, throttled_until)
+    SELECT queue, partition_key, max(run_at) FROM requeued
+    WHERE scope = 'partition' AND partition_key IS NOT NULL
+      AND (SELECT count(*) FROM queues_throttled) >= 0
+    GROUP BY queue, partition_key
+    ORDER BY queue, partition_key
+    ON CONFLICT (queue, partition_key) DO UPDATE
+    SET throttled_until = greatest(control.throttled_until, excluded.throttled_until)
+    RETURNING control.queue
 )
-SELECT id FROM requeued;
+SELECT id FROM requeued WHERE (SELECT count(*) FROM keys_throttled) >= 0;
 
 -- name: job_progress_write
 -- The latest progress that running handlers reported (Job.progress), for the leases
