@@ -155,14 +155,17 @@ def peers(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False, requires=[f"peer-{peer}" for peer in PEERS])
 def bench(session: nox.Session) -> None:
-    """Throughput, latency, waits, peers and plots into results/ (`-- --quick` for a short run)."""
+    """Throughput, latency, waits, fairness, peers, the drain with partition keys and plots
+    into results/ (`-- --quick` for a short run)."""
     install_repo(session)
     quick = ["--quick"] if "--quick" in session.posargs else []
     # A private cluster of the same version has room for 32 worker processes' connections.
     session.run("pgqueue", "bench", "throughput", "--private-server", *quick)
     session.run("pgqueue", "bench", "latency", *quick)
     session.run("pgqueue", "bench", "wait")
+    session.run("pgqueue", "bench", "fairness", *quick)
     run_peers(session, *quick)
+    run_peers(session, "--keys", "100", *quick)
     session.run("pgqueue", "bench", "plot")
     session.notify("docs")
 

@@ -9,6 +9,7 @@ from pgqueue_bench.controls import controls_command
 from pgqueue_bench.crash import crash_command
 from pgqueue_bench.effects import effects_command
 from pgqueue_bench.enqueue import enqueue_command
+from pgqueue_bench.fairness import fairness_command
 from pgqueue_bench.latency import latency_command
 from pgqueue_bench.plot import plot_command
 from pgqueue_bench.report import report_command
@@ -41,5 +42,6 @@ bench.add_command(effects_command)
 bench.add_command(unserved_command)
 bench.add_command(search_command)
 bench.add_command(wait_command)
+bench.add_command(fairness_command)
 bench.add_command(plot_command)
 bench.add_command(report_command)

@@ -8,15 +8,19 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from pgqueue_bench import handlers
+from pgqueue import JobSpec, Queue
+from pgqueue_bench import handlers, observe
 from pgqueue_bench.observe import wait_for
 from pgqueue_bench.processes import stop_processes
+from pgqueue_bench.progress import LiveLine
 
 HANDLERS_SPEC = "pgqueue_bench.handlers:HANDLERS"
+WARMUP_PAUSE = 0.2
 
 
 def pgqueue_command() -> list[str]:
@@ -216,3 +220,29 @@ class WorkerFleet:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def warm_up(
+    queue: Queue, queue_name: str, workers: int, timeout: float, progress: LiveLine, label: str
+) -> int:
+    """Run no-op warm-up jobs on ``queue_name`` until each of ``workers`` worker
+    processes has claimed one (so each is up, connected and idle). Returns how many
+    warm-up jobs it took."""
+    deadline = time.monotonic() + timeout
+    enqueued: list[int] = []
+    # Bounded by time, not rounds: 32 processes take a while to start on a small
+    # machine, and the first ones up take every warm-up job until the rest arrive.
+    while time.monotonic() < deadline:
+        specs = [JobSpec(handlers.NOOP_TASK, {"warmup": True}, queue=queue_name)] * workers
+        enqueued += observe.enqueue_in_batches(queue, specs)
+
+        def warmed_up(expected: int = len(enqueued)) -> bool:
+            return observe.state_counts(queue, queue_name)["succeeded"] >= expected
+
+        wait_for(warmed_up, max(1.0, deadline - time.monotonic()), what="the warm-up jobs")
+        seen = {job.worker_id for job in observe.all_jobs(queue)}
+        progress.update(f"{label}: {len(seen)}/{workers} workers ready", force=True)
+        if len(seen) >= workers:
+            return len(enqueued)
+        time.sleep(WARMUP_PAUSE)
+    raise TimeoutError(f"only some of the {workers} workers claimed warm-up jobs")

@@ -2,7 +2,10 @@
 
     pgqueue worker --handlers pgqueue_bench.handlers:HANDLERS
 
-``bench_noop`` does nothing, to measure the queue alone. ``bench_record_delivery``
+``bench_noop`` does nothing, to measure the queue alone. ``bench_sleep`` sleeps
+``payload["sleep_ms"]`` milliseconds and touches nothing else: a job of a known length
+that costs the database only its claim and ack (it notes when it started in a local
+file, see :func:`handler_starts`). ``bench_record_delivery``
 commits a delivery row, then works for a random 10-50 ms (``payload["work_ms"]``
 overrides the range); the crash and restart drivers count those rows.
 
@@ -18,12 +21,14 @@ import os
 import random
 import threading
 import time
-from typing import Any
+from pathlib import Path
+from typing import Any, TextIO
 
 from pgqueue import Job, JobSpec
 from pgqueue_bench.deliveries import DeliveryRecorder, InvocationLog
 
 NOOP_TASK = "bench_noop"
+SLEEP_TASK = "bench_sleep"
 RECORD_TASK = "bench_record_delivery"
 
 DATABASE_URL_VARIABLE = "PGQUEUE_BENCH_DATABASE_URL"
@@ -31,10 +36,12 @@ SCHEMA_VARIABLE = "PGQUEUE_BENCH_SCHEMA"
 RUN_DIR_VARIABLE = "PGQUEUE_BENCH_RUN_DIR"
 
 DEFAULT_WORK_MS = (10, 50)
+STARTS_PREFIX = "starts-"
 
 _setup_lock = threading.Lock()
 _recorder: DeliveryRecorder | None = None
 _invocations: InvocationLog | None = None
+_starts: TextIO | None = None
 
 
 def _recording_targets() -> tuple[DeliveryRecorder, InvocationLog | None]:
@@ -59,6 +66,43 @@ def noop(payload: dict[str, Any]) -> None:
     return None
 
 
+def _starts_file() -> TextIO | None:
+    """This process's file of handler starts in the run's folder, or None without one."""
+    global _starts
+    if _starts is None:
+        run_dir = os.environ.get(RUN_DIR_VARIABLE)
+        if run_dir is None:
+            return None
+        # Line-buffered: every start is in the file once written, whenever the worker stops.
+        _starts = (Path(run_dir) / f"{STARTS_PREFIX}{os.getpid()}.txt").open("a", buffering=1)
+    return _starts
+
+
+def sleep(payload: dict[str, Any], job: Job) -> None:
+    """Note the job's start (its id and this machine's clock) in the run's folder, if
+    there is one, then sleep ``payload["sleep_ms"]`` milliseconds: a handler's fixed
+    time, nothing else."""
+    started = time.time()
+    with _setup_lock:
+        starts = _starts_file()
+        if starts is not None:
+            starts.write(f"{job.id} {started:.6f}\n")
+    time.sleep(float(payload["sleep_ms"]) / 1000)
+
+
+def handler_starts(run_dir: Path) -> dict[int, float]:
+    """When each ``bench_sleep`` job's handler first started, by job id, in seconds
+    since the epoch on this machine's clock, from the files its workers wrote in
+    ``run_dir``."""
+    starts: dict[int, float] = {}
+    for path in run_dir.glob(f"{STARTS_PREFIX}*.txt"):
+        for line in path.read_text().splitlines():
+            job_id, _, at = line.partition(" ")
+            if at:  # a line cut short by a killed worker has no time
+                starts[int(job_id)] = min(float(at), starts.get(int(job_id), float(at)))
+    return starts
+
+
 def record_delivery(payload: dict[str, Any], job: Job) -> None:
     """Log the invocation, commit a delivery row, then work for 10-50 ms."""
     recorder, invocations = _recording_targets()
@@ -69,7 +113,7 @@ def record_delivery(payload: dict[str, Any], job: Job) -> None:
     time.sleep(random.uniform(low, high) / 1000)
 
 
-HANDLERS = {NOOP_TASK: noop, RECORD_TASK: record_delivery}
+HANDLERS = {NOOP_TASK: noop, SLEEP_TASK: sleep, RECORD_TASK: record_delivery}
 
 
 def recording_jobs(

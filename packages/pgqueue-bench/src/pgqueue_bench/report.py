@@ -10,7 +10,8 @@ benchmarks' documents hold ``runs``; the fault scenarios' (``results/faults.json
 hold, per PostgreSQL major version, one entry per scenario.
 
 The sections themselves: :mod:`~pgqueue_bench.report_benchmarks` (the speed
-benchmarks), :mod:`~pgqueue_bench.report_durability` (crash, restart, effects, faults,
+benchmarks), :mod:`~pgqueue_bench.report_flow` (fairness among tenants, the drain with
+partition keys), :mod:`~pgqueue_bench.report_durability` (crash, restart, effects, faults,
 model) and :mod:`~pgqueue_bench.report_soak`, built from
 :mod:`~pgqueue_bench.report_tables`.
 """
@@ -45,6 +46,7 @@ from pgqueue_bench.report_durability import (
     model_versions,
     restart_section,
 )
+from pgqueue_bench.report_flow import fairness_section, partitions_section
 from pgqueue_bench.report_soak import soak_section
 from pgqueue_bench.report_tables import hardware
 
@@ -60,6 +62,8 @@ SECTIONS = {
     "peers": peers_section,
     "peers_async": peers_section,
     "peers_baseline": baseline_section,
+    "peers_partitions": partitions_section,
+    "fairness": fairness_section,
     "enqueue": enqueue_section,
     "crash": crash_section,
     "restart": restart_section,

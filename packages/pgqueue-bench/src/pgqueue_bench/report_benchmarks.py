@@ -317,6 +317,21 @@ def enqueue_section(document: dict[str, Any]) -> list[str]:
 def baseline_section(document: dict[str, Any]) -> list[str]:
     """Drain throughput of this build against an earlier one, paired per repeat in one
     run: what a change costs the path every job takes."""
+    baseline = document["summary"]["vs_baseline"]["baseline"]
+    return paired_section(
+        document,
+        f"### This build against {baseline} (jobs/s, median and min-max over runs)",
+        f"{document['parameters'].get('jobs')} no-op jobs drained as in the peers "
+        "benchmark, every system in each repeat (in turn, each repeat starting with the "
+        "next one); in parentheses, the median and min-max of the per-repeat ratios to "
+        f"{baseline}.",
+    )
+
+
+def paired_section(document: dict[str, Any], heading: str, intro: str) -> list[str]:
+    """The tables of a side-by-side run against a baseline system (its summary's
+    ``vs_baseline``): jobs/s per worker count and system, each with its per-repeat ratios
+    to the baseline, the systems' settings, then the same for CPU per job."""
     summary = document["summary"]
     baseline = summary["vs_baseline"]["baseline"]
     ratios = summary["vs_baseline"]["ratios"]
@@ -336,17 +351,7 @@ def baseline_section(document: dict[str, Any]) -> list[str]:
             ]
         )
     described = document["parameters"].get("systems", {})
-    lines = [
-        f"### This build against {baseline} (jobs/s, median and min-max over runs)",
-        "",
-        f"{document['parameters'].get('jobs')} no-op jobs drained as in the peers "
-        "benchmark, every system in each repeat (in turn, each repeat starting with the "
-        "next one); in parentheses, the median and min-max of the per-repeat ratios to "
-        f"{baseline}.",
-        "",
-        *table(["workers", baseline, *systems], rows),
-        "",
-    ]
+    lines = [heading, "", intro, "", *table(["workers", baseline, *systems], rows), ""]
     lines += [f"- {name}: {described[name]}" for name in [baseline, *systems] if name in described]
     return [*lines, "", *_baseline_cpu_lines(document, baseline, systems)]
 

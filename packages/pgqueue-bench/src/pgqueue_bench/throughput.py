@@ -33,7 +33,6 @@ benchmark would measure the log formatter.
 from __future__ import annotations
 
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -44,7 +43,7 @@ import psycopg
 from pgqueue import Job, JobSpec, JobState, Queue
 from pgqueue_bench import database, environment, handlers, naive_loop, observe, results
 from pgqueue_bench.binaries import binaries_for
-from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.fleet import WorkerFleet, WorkerSettings, warm_up
 from pgqueue_bench.naive_loop import DrainTimes
 from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.progress import LiveLine
@@ -76,7 +75,6 @@ PRIVATE_SERVER_SETTINGS = {"max_connections": "500", "shared_buffers": "128MB"}
 
 WORKER_LOG_ARGUMENTS = ("--log-level", "warning")
 LOAD_BATCH = 5000
-WARMUP_PAUSE = 0.2
 
 
 @dataclass(frozen=True)
@@ -94,33 +92,6 @@ class ThroughputScenario:
             extra_args=WORKER_LOG_ARGUMENTS,
             **MODES[mode],
         )
-
-
-def _warm_up(queue: Queue, workers: int, timeout: float, progress: LiveLine, label: str) -> int:
-    """Run warm-up jobs until every worker process has claimed one (so each is up,
-    connected and idle). Returns how many warm-up jobs it took."""
-    deadline = time.monotonic() + timeout
-    enqueued: list[int] = []
-    # Bounded by time, not rounds: 32 processes take a while to start on a small
-    # machine, and the first ones up take every warm-up job until the rest arrive.
-    while time.monotonic() < deadline:
-        specs = [JobSpec(handlers.NOOP_TASK, {"warmup": True}, queue=QUEUE_NAME)] * workers
-        enqueued += observe.enqueue_in_batches(queue, specs)
-
-        def warmed_up(expected: int = len(enqueued)) -> bool:
-            return observe.state_counts(queue, QUEUE_NAME)["succeeded"] >= expected
-
-        observe.wait_for(
-            warmed_up,
-            max(1.0, deadline - time.monotonic()),
-            what="the warm-up jobs",
-        )
-        seen = {job.worker_id for job in observe.all_jobs(queue)}
-        progress.update(f"{label}: {len(seen)}/{workers} workers ready", force=True)
-        if len(seen) >= workers:
-            return len(enqueued)
-        time.sleep(WARMUP_PAUSE)
-    raise TimeoutError(f"only some of the {workers} workers claimed warm-up jobs")
 
 
 def _load(url: str, queue: Queue, jobs: int) -> set[int]:
@@ -228,7 +199,7 @@ def run_throughput(
     ):
         fleet.start(workers)
         progress.update(f"{label}: starting {workers} workers", force=True)
-        warmups = _warm_up(queue, workers, scenario.timeout, progress, label)
+        warmups = warm_up(queue, QUEUE_NAME, workers, scenario.timeout, progress, label)
         progress.update(f"{label}: loading {scenario.jobs} jobs", force=True)
         server_cpu = server_cpu_of(url)
         pids = [process.pid for process in fleet.processes]

@@ -39,6 +39,16 @@ within each repeat (the systems take turns inside a repeat): the median of those
 ratios, and their min and max; and the same for their CPU per job over the baseline's.
 The summary is computed in :mod:`pgqueue_bench.peers.summary`.
 
+The drain with partition keys (``--keys K``): "pgqueue" (no keys) against the same
+jobs spread over K partition keys, so that every claim takes them round-robin by key
+("pgqueue K keys"), and the same on a queue whose ``partition_concurrency_limit``
+("... partition-limited") or ``partition_rate_limit`` ("... partition-rate-limited") is
+set far above anything a run reaches. Only these four run (``--only`` adds others),
+throughput only, into ``results/peers_partitions.json``, whose summary gives each keyed
+system's rate and CPU per job over pgqueue's without keys, paired within each repeat as
+for a baseline build, and ``targets``: each keyed system's median rate ratio against
+:data:`~pgqueue_bench.peers.summary.KEYED_RATE_AT_LEAST`, per worker count.
+
 Usage (what ``nox -s peers`` runs)::
 
     python -m pgqueue_bench.peers --peer procrastinate=PYTHON --peer pgqueuer=PYTHON
@@ -47,9 +57,13 @@ for 20 ms async jobs (``nox -s peers -- --sleep-ms 20 --workers 1``)::
 
     python -m pgqueue_bench.peers --peer ... --sleep-ms 20 --workers 1
 
-and against a build of commit 8adbcc3 installed in its own virtualenv::
+against a build of commit 8adbcc3 installed in its own virtualenv::
 
     python -m pgqueue_bench.peers --baseline 8adbcc3=/tmp/pgqueue-8adbcc3/.venv/bin/python
+
+and the drain with 100 partition keys against the drain without::
+
+    python -m pgqueue_bench.peers --keys 100
 """
 
 from __future__ import annotations
@@ -61,8 +75,14 @@ from typing import Any
 
 from pgqueue_bench import database, environment, plot, results, server_cpu
 from pgqueue_bench.peers.runs import latency_run, throughput_run
-from pgqueue_bench.peers.summary import print_summary, summarize
-from pgqueue_bench.peers.systems import described_settings, pgqueue_variants, systems
+from pgqueue_bench.peers.summary import keyed_targets, print_summary, summarize
+from pgqueue_bench.peers.systems import (
+    PARTITION_KEYS,
+    described_settings,
+    partition_variants,
+    pgqueue_variants,
+    systems,
+)
 from pgqueue_bench.progress import LiveLine
 
 # Jobs per throughput run: no-op jobs drain in a fraction of a second; sleeping ones
@@ -111,6 +131,13 @@ def main(argv: list[str] | None = None) -> None:
         "otherwise, throughput only, into results/peers_baseline.json with each one's ratio "
         "to the baseline.",
     )  # fmt: skip
+    parser.add_argument(
+        "--keys", type=int, metavar="K",
+        help="The drain with partition keys: pgqueue without keys against its jobs spread "
+        "over K keys (fair share only, and with a partition concurrency or rate limit that "
+        "never binds); only those systems unless --only says otherwise, throughput only, "
+        "into results/peers_partitions.json with each one's ratio to pgqueue without keys.",
+    )  # fmt: skip
     args = parser.parse_args(argv)
 
     # Absolute but not resolved: a virtualenv's python is a symlink to the base one.
@@ -123,31 +150,39 @@ def main(argv: list[str] | None = None) -> None:
         if not label or not python:
             parser.error("--baseline takes LABEL=PYTHON, e.g. 8adbcc3=/path/to/.venv/bin/python")
         baseline = (label, os.path.abspath(python))
+    if args.keys is not None and args.keys < 1:
+        parser.error("--keys takes a number of partition keys, at least 1")
+    if args.keys and baseline:
+        parser.error("--keys and --baseline are separate runs: give one of them")
+    keys = args.keys or PARTITION_KEYS
     worker_counts = [int(w) for w in args.workers.split(",")]
     sleep_ms = args.sleep_ms
     jobs = args.jobs or (SLEEPING_JOBS if sleep_ms else NOOP_JOBS)
     repeats, latency_jobs = args.repeats, args.latency_jobs
     # The async scenario measures how many sleeping jobs run at once: throughput only.
     # The baseline comparison is about drain throughput.
-    no_latency = args.no_latency or bool(sleep_ms) or bool(baseline)
+    no_latency = args.no_latency or bool(sleep_ms) or bool(baseline) or bool(args.keys)
     if args.quick:
         worker_counts, repeats, jobs, latency_jobs = [2], 1, min(jobs, 2000), min(latency_jobs, 300)
 
     standard, variants = systems(pythons), pgqueue_variants(baseline)
+    keyed = partition_variants(keys)
     if args.only:
-        known = standard + variants
+        known = standard + variants + keyed
         unknown = set(args.only) - {system.name for system in known}
         if unknown:
             parser.error(f"no such system: {', '.join(sorted(unknown))}")
         chosen = [system for system in known if system.name in args.only]
     elif baseline:
         chosen = [standard[0], *variants]
+    elif args.keys:
+        chosen = [standard[0], *keyed]
     else:
         chosen = standard
     missing = {system.peer for system in chosen if not system.python}
     if missing:
         parser.error(f"give --peer for {', '.join(sorted(missing))} (nox -s peers does)")
-    baseline_name = f"pgqueue {baseline[0]}" if baseline else None
+    baseline_name = f"pgqueue {baseline[0]}" if baseline else ("pgqueue" if args.keys else None)
     target = database.resolve_target(args.database_url)
     versions: dict[str, Any] = {}
     for system in chosen:
@@ -204,7 +239,7 @@ def main(argv: list[str] | None = None) -> None:
         "latency_jobs": latency_jobs,
         "latency_workers": args.latency_workers,
         "rate": args.rate,
-        "systems": described_settings(names, sleep_ms),
+        "systems": described_settings(names, sleep_ms, keys),
     }
     if baseline:
         parameters["systems"][baseline_name] = (
@@ -212,6 +247,10 @@ def main(argv: list[str] | None = None) -> None:
         )
         parameters["baseline"] = {"label": baseline[0], "python": baseline[1]}
         name = "peers_baseline_async" if sleep_ms else "peers_baseline"
+    elif args.keys:
+        parameters["partition_keys"] = keys
+        summary["targets"] = keyed_targets(summary, [system.name for system in keyed])
+        name = "peers_partitions_async" if sleep_ms else "peers_partitions"
     else:
         name = "peers_async" if sleep_ms else "peers"
     document = results.document(
@@ -220,7 +259,8 @@ def main(argv: list[str] | None = None) -> None:
     path = results.write(name, document, args.results_dir)
     print(f"wrote {path}")
     print_summary(summary, baseline_name)
-    if not sleep_ms and not baseline:  # the charts show the no-op scenario with the peers
+    # The charts show the no-op scenario with the peers.
+    if not sleep_ms and not baseline and not args.keys:
         for image in plot.plot_peers(document, path.parent):
             print(f"wrote {image}")
 

@@ -15,9 +15,17 @@ from pgqueue_bench.peers.systems import System
 from pgqueue_bench.peers.workers import Workers
 
 
-def verify(seen: list[int], jobs: int, report: dict[str, Any]) -> list[str]:
-    """Why a run does not count, or nothing if every job completed exactly once."""
+def verify(
+    seen: list[int], jobs: int, report: dict[str, Any], partition_keys: int | None = None
+) -> list[str]:
+    """Why a run does not count, or nothing if every job completed exactly once (and,
+    given ``partition_keys``, the jobs carried that many keys, as the system's report
+    counts them)."""
     problems = []
+    if partition_keys is not None and report.get("partition_keys") != partition_keys:
+        problems.append(
+            f"the jobs carried {report.get('partition_keys')} partition keys, not {partition_keys}"
+        )
     if sorted(seen) != list(range(jobs)):
         missing = jobs - len(set(seen) & set(range(jobs)))
         problems.append(f"{missing} jobs never ran, {len(seen) - len(set(seen))} ran twice")
@@ -51,7 +59,9 @@ def throughput_run(
         tempfile.TemporaryDirectory(prefix="pgqueue-peers-") as folder,
     ):
         system.run("setup", "--database-url", url)
-        system.run("enqueue", "--database-url", url, "--jobs", str(jobs))
+        system.run(
+            "enqueue", "--database-url", url, "--jobs", str(jobs), *system.enqueue_setting_args()
+        )
         fleet = Workers(system, url, workers, Path(folder), drain=True, sleep_ms=sleep_ms)
         try:
             fleet.wait_until_ready()
@@ -65,7 +75,10 @@ def throughput_run(
             fleet.kill()
         worker_cpu = fleet.cpu_seconds()
         report = system.report(url)
-        problems = verify(fleet.seen(), jobs, report)
+        keys = system.enqueue_settings.get("partition_keys")
+        # The jobs take the keys in turn: fewer jobs than keys use as many keys as jobs.
+        expected_keys = None if keys is None else min(int(keys), jobs)
+        problems = verify(fleet.seen(), jobs, report, expected_keys)
     seconds = report["seconds"]
     cpu = None if worker_cpu is None or server_seconds is None else worker_cpu + server_seconds
     return {

@@ -10,6 +10,10 @@ from typing import Any
 
 from pgqueue_bench import results
 
+# Jobs spread over partition keys drain at this fraction of the rate of the same jobs
+# without keys or better, at every worker count (``--keys``).
+KEYED_RATE_AT_LEAST = 0.8
+
 
 def is_pgqueue(name: str) -> bool:
     """Whether the system called ``name`` is pgqueue (today's or a baseline), not a peer."""
@@ -105,6 +109,27 @@ def spreads_by_workers(
     return out
 
 
+def keyed_targets(summary: dict[str, Any], keyed: list[str]) -> list[dict[str, Any]]:
+    """For each system of ``keyed`` (jobs with partition keys) and worker count, its
+    median per-repeat rate ratio to pgqueue without keys (the summary's baseline),
+    against :data:`KEYED_RATE_AT_LEAST`, with whether it holds."""
+    ratios = summary.get("vs_baseline", {}).get("ratios", {})
+    targets = []
+    for workers in sorted(ratios, key=int):
+        for name in keyed:
+            median = ratios[workers].get(name, {}).get("median")
+            targets.append(
+                {
+                    "system": name,
+                    "workers": int(workers),
+                    "ratio": median,
+                    "at_least": KEYED_RATE_AT_LEAST,
+                    "holds": None if median is None else median >= KEYED_RATE_AT_LEAST,
+                }
+            )
+    return targets
+
+
 def print_summary(summary: dict[str, Any], baseline_name: str | None) -> None:
     """Print the summary's ratios: pgqueue's to the fastest peer, and with a baseline,
     each pgqueue system's rate and CPU per job over the baseline's."""
@@ -126,3 +151,10 @@ def print_summary(summary: dict[str, Any], baseline_name: str | None) -> None:
                 f"{workers} workers: CPU per job, {variant} / {baseline_name}: "
                 f"{ratio['median']:.3f}x (per repeat {ratio['min']:.3f}-{ratio['max']:.3f})"
             )
+    for target in summary.get("targets", []):
+        verdict = {True: "holds", False: "does NOT hold", None: "not measured"}[target["holds"]]
+        shown = "-" if target["ratio"] is None else f"{target['ratio']:.2f}x"
+        print(
+            f"{target['workers']} workers: {target['system']} / {baseline_name}: {shown} "
+            f"(at least {target['at_least']:g}x: {verdict})"
+        )

@@ -1,6 +1,7 @@
 """The systems the side-by-side runs compare: pgqueue, each peer with its documented
-settings, and the pgqueue variants that run only when asked; each one is a driver
-script (``drivers/peer_<name>.py``) under a Python of its own.
+settings, and the pgqueue variants that run only when asked (limits that never bind, a
+baseline build, jobs with partition keys); each one is a driver script
+(``drivers/peer_<name>.py``) under a Python of its own.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ class System:
     name: str
     peer: str
     settings: dict[str, str] = field(default_factory=dict)
+    """The worker's settings (``work --setting``)."""
     python: str = sys.executable
+    enqueue_settings: dict[str, str] = field(default_factory=dict)
+    """How its jobs are made (``enqueue --setting``): pgqueue's ``partition_keys``."""
 
     @property
     def script(self) -> Path:
@@ -50,15 +54,24 @@ class System:
         return reported
 
     def setting_args(self) -> list[str]:
-        return [
-            arg for name, value in self.settings.items() for arg in ("--setting", f"{name}={value}")
-        ]
+        return _setting_args(self.settings)
+
+    def enqueue_setting_args(self) -> list[str]:
+        return _setting_args(self.enqueue_settings)
+
+
+def _setting_args(settings: dict[str, str]) -> list[str]:
+    return [arg for name, value in settings.items() for arg in ("--setting", f"{name}={value}")]
 
 
 # Limits configured on the queue but far above what a run reaches: what the claim
 # pays for reading and keeping them, not what they hold back.
 UNBOUND_CONCURRENCY_LIMIT = 10_000
 UNBOUND_RATE_LIMIT = 1_000_000
+# The same per partition key: a key holds a few dozen of a run's jobs.
+UNBOUND_PARTITION_CONCURRENCY_LIMIT = 10_000
+UNBOUND_PARTITION_RATE_LIMIT = 1_000_000
+PARTITION_KEYS = 100
 
 
 def systems(pythons: dict[str, str]) -> list[System]:
@@ -97,9 +110,34 @@ def pgqueue_variants(baseline: tuple[str, str] | None) -> list[System]:
     return variants
 
 
-def described_settings(names: list[str], sleep_ms: float) -> dict[str, str]:
+def partition_variants(keys: int = PARTITION_KEYS) -> list[System]:
+    """The systems of the drain with partition keys, which run only when asked: today's
+    pgqueue with its jobs spread over ``keys`` partition keys, with fair share only,
+    and with a partition concurrency limit or a partition rate limit that never binds."""
+    spread = {"partition_keys": str(keys)}
+    return [
+        System(f"pgqueue {keys} keys", "pgqueue", enqueue_settings=spread),
+        System(
+            f"pgqueue {keys} keys partition-limited",
+            "pgqueue",
+            {"queue_partition_concurrency_limit": str(UNBOUND_PARTITION_CONCURRENCY_LIMIT)},
+            enqueue_settings=spread,
+        ),
+        System(
+            f"pgqueue {keys} keys partition-rate-limited",
+            "pgqueue",
+            {"queue_partition_rate_limit": str(UNBOUND_PARTITION_RATE_LIMIT)},
+            enqueue_settings=spread,
+        ),
+    ]
+
+
+def described_settings(
+    names: list[str], sleep_ms: float, keys: int = PARTITION_KEYS
+) -> dict[str, str]:
     """What each of the standard systems and of the asked-for ones among ``names`` runs
-    with, for the results file; with ``sleep_ms``, the async handler each one awaits."""
+    with, for the results file (the partition-key systems: those of ``keys`` keys); with
+    ``sleep_ms``, the async handler each one awaits."""
     if sleep_ms:
         sleep = f"asyncio.sleep({sleep_ms / 1000:g})"
         handler, peer_handler = f"async handler awaiting {sleep}", f" awaiting {sleep}"
@@ -122,5 +160,24 @@ def described_settings(names: list[str], sleep_ms: float) -> dict[str, str]:
         "pgqueue rate-limited": f"as pgqueue, on a queue whose rate_limit is "
         f"{UNBOUND_RATE_LIMIT:g} jobs/s (set with Queue.update_queue before the start barrier)",
     }
+    asked_for.update(_described_keys(keys))
     described.update({name: text for name, text in asked_for.items() if name in names})
     return described
+
+
+def _described_keys(keys: int) -> dict[str, str]:
+    """What each system of :func:`partition_variants` of ``keys`` keys runs with."""
+    fair, limited, rate_limited = (system.name for system in partition_variants(keys))
+    spread = (
+        f"as pgqueue, its jobs spread over {keys} partition keys in turn (claimed round-robin "
+        "by key: fair share)"
+    )
+    return {
+        fair: spread,
+        limited: f"{spread}, on a queue whose partition_concurrency_limit is "
+        f"{UNBOUND_PARTITION_CONCURRENCY_LIMIT} per key (set with Queue.update_queue before "
+        "the start barrier)",
+        rate_limited: f"{spread}, on a queue whose partition_rate_limit is "
+        f"{UNBOUND_PARTITION_RATE_LIMIT:g} jobs/s per key (set with Queue.update_queue before "
+        "the start barrier)",
+    }

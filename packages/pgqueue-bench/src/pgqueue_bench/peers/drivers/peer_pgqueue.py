@@ -6,12 +6,14 @@ synchronous no-op handler (with ``--sleep-ms``, an ``async def`` one that awaits
 the peers are, and run once it opens.
 ``--setting concurrency=N`` (or any other worker flag name) changes a default.
 
-``--setting queue_concurrency_limit=N`` and ``--setting queue_rate_limit=R`` are not
-worker flags but the queue's own settings: each ``work`` process applies them with
+``--setting queue_concurrency_limit=N`` and ``--setting queue_rate_limit=R`` (and
+``queue_partition_concurrency_limit``, ``queue_partition_rate_limit``) are not worker
+flags but the queue's own settings: each ``work`` process applies them with
 ``Queue.update_queue`` before the start barrier (the same values from every process).
-Nothing else here needs a newer pgqueue than commit 8adbcc3, so the script also runs
-under such an older build installed in another virtualenv (``python -m pgqueue_bench.peers
---baseline``).
+``enqueue --setting partition_keys=K`` gives the jobs K partition keys, in turn
+(``key-000``, ``key-001``, ...). Nothing else here needs a newer pgqueue than commit
+8adbcc3, so the script also runs under such an older build installed in another
+virtualenv (``python -m pgqueue_bench.peers --baseline``).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ DEFAULT_SETTINGS = {"log_level": "warning"}
 QUEUE_SETTINGS = {
     "queue_concurrency_limit": ("concurrency_limit", int),
     "queue_rate_limit": ("rate_limit", float),
+    "queue_partition_concurrency_limit": ("partition_concurrency_limit", int),
+    "queue_partition_rate_limit": ("partition_rate_limit", float),
 }
 
 
@@ -41,10 +45,17 @@ def setup(url: str) -> None:
     migrate(url)
 
 
-def enqueue(url: str, jobs: int) -> None:
+def enqueue(url: str, jobs: int, settings: dict[str, str]) -> None:
+    keys = int(settings.pop("partition_keys", 0))
+    peerlib.refuse_settings("pgqueue enqueue", settings)
+
+    def spec(seq: int) -> JobSpec:
+        if not keys:  # no partition_key argument at all: older builds have none
+            return JobSpec(peerlib.NOOP_TASK, {"seq": seq})
+        return JobSpec(peerlib.NOOP_TASK, {"seq": seq}, partition_key=f"key-{seq % keys:03d}")
+
     with Queue.connect(url, max_size=1) as queue:
-        specs = [JobSpec(peerlib.NOOP_TASK, {"seq": seq}) for seq in range(jobs)]
-        observe.enqueue_in_batches(queue, specs)
+        observe.enqueue_in_batches(queue, [spec(seq) for seq in range(jobs)])
 
 
 def produce(url: str, jobs: int, rate: float) -> None:
@@ -108,6 +119,8 @@ def report(url: str, latencies: bool) -> dict:
     out = {
         "completed": len(done),
         "most_starts_of_one_job": max((job.attempts for job in jobs), default=0),
+        # Read with getattr: an older build's jobs have no partition key.
+        "partition_keys": len({getattr(job, "partition_key", None) for job in jobs} - {None}),
         "seconds": (
             (max(j.finished_at for j in done) - min(j.started_at for j in done)).total_seconds()
             if done

@@ -34,7 +34,8 @@ async def setup(url: str) -> None:
         await connection.close()
 
 
-async def enqueue(url: str, jobs: int) -> None:
+async def enqueue(url: str, jobs: int, settings: dict[str, str]) -> None:
+    peerlib.refuse_settings("pgqueuer enqueue", settings)
     connection = await asyncpg.connect(url)
     try:
         queries = Queries(AsyncpgDriver(connection))

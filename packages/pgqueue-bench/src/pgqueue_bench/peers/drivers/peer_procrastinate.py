@@ -36,7 +36,8 @@ async def setup(url: str) -> None:
         await app.schema_manager.apply_schema_async()
 
 
-async def enqueue(url: str, jobs: int) -> None:
+async def enqueue(url: str, jobs: int, settings: dict[str, str]) -> None:
+    peerlib.refuse_settings("procrastinate enqueue", settings)
     app = make_app(url, [])
     task = app.tasks[peerlib.NOOP_TASK]
     async with app.open_async():

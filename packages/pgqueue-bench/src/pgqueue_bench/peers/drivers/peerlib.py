@@ -9,8 +9,9 @@ Every peer script answers the same subcommands (:func:`serve` reads them), which
     print the peer's package version
 ``setup``
     install the peer's tables into an empty database
-``enqueue --jobs N``
-    pre-load N no-op jobs whose payload is their sequence number 0..N-1
+``enqueue --jobs N [--setting NAME=VALUE ...]``
+    pre-load N no-op jobs whose payload is their sequence number 0..N-1 (pgqueue's
+    ``partition_keys=K`` spreads them over K partition keys; the peers take no setting)
 ``work --seen-file F [--drain] [--sleep-ms MS]``
     run one worker process: print ``ready`` once connected, start on a line on
     stdin, and with ``--drain`` exit when the queue is empty (else on SIGTERM);
@@ -107,6 +108,14 @@ def command_line(description: str, argv: list[str] | None = None) -> argparse.Na
         command.add_argument("--database-url", required=True)
         if name in ("enqueue", "produce"):
             command.add_argument("--jobs", type=int, required=True)
+        if name == "enqueue":
+            command.add_argument(
+                "--setting",
+                action="append",
+                default=[],
+                metavar="NAME=VALUE",
+                help="How the jobs are made: for pgqueue, partition_keys (repeatable).",
+            )
         if name == "produce":
             command.add_argument("--rate", type=float, required=True)
         if name == "work":
@@ -148,7 +157,7 @@ def serve(
     url = args.database_url
     calls: dict[str, Callable[[], object]] = {
         "setup": lambda: peer.setup(url),
-        "enqueue": lambda: peer.enqueue(url, args.jobs),
+        "enqueue": lambda: peer.enqueue(url, args.jobs, settings(args.setting)),
         "produce": lambda: peer.produce(url, args.jobs, args.rate),
         "work": lambda: peer.work(
             url, args.seen_file, args.drain, settings(args.setting), args.sleep_ms
@@ -186,6 +195,12 @@ def report_from_tables(url: str, system: str, latencies: bool) -> dict[str, obje
 def settings(pairs: Iterable[str]) -> dict[str, str]:
     """``NAME=VALUE`` pairs as a dict."""
     return dict(pair.split("=", 1) for pair in pairs)
+
+
+def refuse_settings(peer: str, given: dict[str, str]) -> None:
+    """Exit with a one-line error if ``given`` holds settings ``peer`` does not take."""
+    if given:
+        raise SystemExit(f"{peer} takes no such setting: {', '.join(sorted(given))}")
 
 
 def wait_for_go() -> None:
