@@ -25,7 +25,7 @@ from pgqueue_worker.executor import Executor
 from pgqueue_worker.handover import Handover
 from pgqueue_worker.in_flight import InFlightAttempts
 from pgqueue_worker.outage import DatabaseHealth, discard_broken_connections
-from pgqueue_worker.outcomes import Outcome, OutcomeWriter
+from pgqueue_worker.outcomes import Outcome, OutcomeWriter, WriteReport
 from pgqueue_worker.slots import SlotKind
 
 if TYPE_CHECKING:
@@ -201,8 +201,20 @@ class ClaimLoop:
             except queue_module.Empty:
                 break
             in_flight.take_in(report)
+            self._room_freed(report)
 
         in_flight.time_out(now, executor)
+
+    def _room_freed(self, report: WriteReport) -> None:
+        """Outcomes written: the jobs they finished no longer count against a limit
+        (of their queue, or of their partition key), so a kind whose last claim came
+        back short with jobs still runnable, held back by a limit most likely, claims
+        again now rather than after its backoff. Without this, a worker on a queue
+        whose limit binds would start at most the limit's jobs per look."""
+        if report.acked or report.failed or report.throttled:
+            for kind in self._kind_of:
+                if kind.recheck_delay:
+                    kind.claim_due = True
 
     def _reaped_before_exit(self) -> bool:
         """Before a burst worker concludes that nothing is left, it reaps: a job whose
