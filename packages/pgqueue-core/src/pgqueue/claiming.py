@@ -83,9 +83,8 @@ class ClaimMethods(QueueBase):
     ) -> list[Job]:
         """Claim up to ``limit`` runnable jobs of ``tasks`` in ``queues``, in one statement.
 
-        Jobs come in claim order (priority DESC, run_at, id; with partition keys, round
-        by round across keys within a priority: see :func:`claim_order`), each with a
-        fresh ``lease_token`` valid for ``lease_seconds`` until a heartbeat extends it.
+        Jobs come in claim order (priority DESC, run_at, id), each with a fresh
+        ``lease_token`` valid for ``lease_seconds`` until a heartbeat extends it.
 
         A caller that LISTENs (see :meth:`listen`) passes a ``waiter``: enqueues notify
         only queues that a waiter's last claim found short of jobs.
@@ -367,23 +366,4 @@ def _claimed_jobs(
         for job, row in zip(jobs, rows, strict=True):
             if row[waited] is not None:
                 job.__dict__[_HAS_DEPENDENCIES] = True
-    return claim_order(jobs), settings
-
-
-def claim_order(jobs: list[Job]) -> list[Job]:
-    """``jobs`` in the order their handlers should start: priority, then run_at and id;
-    with partition keys, round by round within a priority (each key's first job, then
-    each key's second, ...; the jobs without a key as one more key), so that a small
-    tenant's job claimed beside a large tenant's backlog is not started after all of
-    the backlog's jobs that the claim took."""
-    in_order = sorted(jobs, key=lambda j: (-j.priority, j.run_at, j.id))
-    if all(job.partition_key is None for job in in_order):
-        return in_order
-    seen: dict[tuple[int, str | None], int] = {}
-    rounds = []
-    for job in in_order:
-        lane = (job.priority, job.partition_key)
-        seen[lane] = seen.get(lane, 0) + 1
-        rounds.append(seen[lane])
-    ordered = sorted(zip(rounds, in_order, strict=True), key=lambda r: (-r[1].priority, r[0]))
-    return [job for _, job in ordered]
+    return sorted(jobs, key=lambda j: (-j.priority, j.run_at, j.id)), settings
