@@ -16,9 +16,10 @@ from __future__ import annotations
 import logging
 import queue as queue_module
 import time
+from collections import Counter
 from typing import TYPE_CHECKING
 
-from pgqueue import DatabaseUnavailable, WorkerProtocol, effects
+from pgqueue import DatabaseUnavailable, Job, WorkerProtocol, effects
 from pgqueue_worker.claim_policy import ClaimPolicy
 from pgqueue_worker.claims import Claimer, ClaimResult
 from pgqueue_worker.executor import Executor
@@ -301,7 +302,12 @@ class ClaimLoop:
         kind.started(len(attempts))
         executor.submit_many(attempts)
         self.claim_policy.claimed(
-            kind, len(jobs), claim.limit, claim.next_run_seconds, idle=self.busy == 0
+            kind,
+            len(jobs),
+            claim.limit,
+            claim.next_run_seconds,
+            idle=self.busy == 0,
+            crowded=len(jobs) == claim.limit and one_key_crowds_others_out(jobs),
         )
 
     def _sleep_seconds(self, now: float, stop_deadline: float | None) -> float:
@@ -320,3 +326,15 @@ class ClaimLoop:
             self.in_flight.next_deadline(),
         )
         return max(0.0, wake_at - now)
+
+
+def one_key_crowds_others_out(jobs: list[Job]) -> bool:
+    """Whether one partition key took more than half of a claim that also brought jobs
+    of other keys (or without a key): a noisy neighbour's backlog, beside which the
+    worker tops up often (see :meth:`~pgqueue_worker.slots.SlotKind.top_up_limit`).
+    A claim of one key only, or of none, is not: nobody else waits."""
+    first = jobs[0].partition_key if jobs else None
+    if all(job.partition_key == first for job in jobs):
+        return False
+    counts = Counter(job.partition_key for job in jobs)
+    return max(counts.values()) * 2 > len(jobs)

@@ -73,7 +73,7 @@ class ClaimPolicy:
                 kind.claim_due = True
         kinds = self.kinds
         for index, kind in enumerate(kinds):
-            limit = kind.claim_limit(self.prefetch)
+            limit = kind.claim_limit(self.prefetch) or kind.top_up_limit(self.prefetch, now)
             if not self._should_claim(now, kind, limit, stopping=stopping, idle=idle):
                 continue
             kind.claiming(now)
@@ -116,7 +116,14 @@ class ClaimPolicy:
         self.retry_at = max(self.retry_at, time.monotonic() + seconds)
 
     def claimed(
-        self, kind: SlotKind, jobs: int, limit: int, next_run_seconds: float | None, *, idle: bool
+        self,
+        kind: SlotKind,
+        jobs: int,
+        limit: int,
+        next_run_seconds: float | None,
+        *,
+        idle: bool,
+        crowded: bool = False,
     ) -> None:
         """A claim for ``limit`` jobs of ``kind`` brought ``jobs``, their handlers now in
         the executor (see :meth:`~pgqueue_worker.slots.SlotKind.claimed`)."""
@@ -130,7 +137,9 @@ class ClaimPolicy:
                 each.found_nothing = False
         else:
             kind.found_nothing = idle
-        kind.claimed(jobs, limit, next_run_seconds, self.poll_interval, time.monotonic())
+        kind.claimed(
+            jobs, limit, next_run_seconds, self.poll_interval, time.monotonic(), crowded=crowded
+        )
 
     def found_nothing(self) -> bool:
         """No claim is in progress, and the last claim of every kind found nothing."""
@@ -150,4 +159,7 @@ class ClaimPolicy:
         for kind in self.kinds:
             if kind.claim_limit(self.prefetch) > 0:
                 wake_at.extend(kind.wake_times(self.retry_at, self.poll_interval))
+            top_up_at = kind.top_up_at(self.prefetch)
+            if top_up_at is not None:
+                wake_at.append(max(self.retry_at, top_up_at))
         return min(wake_at)

@@ -10,7 +10,8 @@ no thread, so the event loop can run far more of them than there are threads, an
 jobs that await drain at up to their slots over the await time (20 ms jobs in 32
 slots could not pass 1,600 jobs/s). The claim loop may submit more
 than a kind's limit (jobs claimed ahead, see the worker's prefetch): those wait, in
-claim order, and each starts as soon as a running handler of its kind finishes,
+claim order but for partition keys, which take turns (see
+:mod:`pgqueue_worker.waiting_line`), and each starts as soon as a running handler of its kind finishes,
 without a round through the claim loop.
 
 A plain function cannot be interrupted from outside, so a handler that overruns its
@@ -28,12 +29,12 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pgqueue import Job, Lease, TaskHandler, tracing
+from pgqueue_worker.waiting_line import WaitingLine
 
 log = logging.getLogger("pgqueue.worker")
 
@@ -84,14 +85,15 @@ ReturnedCallback = Callable[[Attempt], Callable[[], None] | None]
 
 class Slots:
     """One kind's handler slots: how many it has, how many run, and the attempts
-    submitted beyond them, waiting in claim order. Guarded by the executor's lock."""
+    submitted beyond them, waiting their turn (partition keys take turns, see
+    :mod:`pgqueue_worker.waiting_line`). Guarded by the executor's lock."""
 
     __slots__ = ("running", "size", "waiting")
 
     def __init__(self, size: int) -> None:
         self.size = size
         self.running = 0
-        self.waiting: deque[Attempt] = deque()
+        self.waiting = WaitingLine()
 
 
 class Executor:

@@ -17,6 +17,11 @@ import math
 PREFETCH_HORIZON_SECONDS = 0.1
 # Weight of the latest handler's run time in the running average that judges it.
 RUN_TIME_WEIGHT = 0.1
+# While one partition key's backlog crowds the others out of this kind's claims, claim
+# again at least this often, for whatever room there is: another key's job then waits
+# about this long for a claim, not for half the prefetch to drain (see
+# SlotKind.top_up_limit).
+TOP_UP_SECONDS = 0.01
 # First wait before looking again for a job that is runnable but was locked by another
 # transaction (doubling while that lasts).
 RECHECK_SECONDS = 0.01
@@ -29,6 +34,7 @@ class SlotKind:
     __slots__ = (
         "busy",
         "claim_due",
+        "crowded",
         "found_nothing",
         "last_claim_at",
         "name",
@@ -56,6 +62,9 @@ class SlotKind:
         self.recheck_delay = 0.0
         self.found_nothing = False
         """The last claim of this kind found nothing (burst mode ends on it)."""
+        self.crowded = False
+        """The last claim came back full, most of it one partition key's jobs beside
+        jobs of other keys: a noisy neighbour's backlog (see :meth:`top_up_limit`)."""
 
     def describe(self) -> str:
         """For the worker's start-up line."""
@@ -88,15 +97,41 @@ class SlotKind:
         ahead has opened up: the worker then tops up in a few large claims, instead of
         one small claim per handler that returns.
         """
-        ahead = 0
-        size = self.size
-        if prefetch and self.typical_run is not None:
-            expected = size * PREFETCH_HORIZON_SECONDS / max(self.typical_run, 1e-6)
-            ahead = min(prefetch, int(expected))
-        room = size + ahead - self.busy
-        if self.busy >= size and room < ahead // 2:
+        ahead = self._ahead(prefetch)
+        room = self.size + ahead - self.busy
+        if self.busy >= self.size and room < ahead // 2:
             return 0
         return room
+
+    def top_up_limit(self, prefetch: int, now: float) -> int:
+        """How many jobs to claim now beyond :meth:`claim_limit`: while the kind is
+        :attr:`crowded`, whatever room there is once TOP_UP_SECONDS passed since the last
+        claim; 0 otherwise.
+
+        A claim shares its jobs between partition keys, but only a claim can: while a
+        large tenant's backlog fills the worker's prefetch, another tenant's new job
+        would wait for half of it to drain (tens of milliseconds of short jobs, seconds
+        of long ones) before any claim sees it. Small claims this often keep that wait
+        short, and the worker's slots take the keys in turns (see
+        :mod:`pgqueue_worker.waiting_line`), so the job also starts soon after."""
+        if not self.crowded or now < self.last_claim_at + TOP_UP_SECONDS:
+            return 0
+        return max(0, self.size + self._ahead(prefetch) - self.busy)
+
+    def top_up_at(self, prefetch: int) -> float | None:
+        """When the next top-up claim is due, while the kind is crowded and has room
+        (without room, the next handler to return wakes the claim loop anyway)."""
+        if not self.crowded or self.size + self._ahead(prefetch) <= self.busy:
+            return None
+        return self.last_claim_at + TOP_UP_SECONDS
+
+    def _ahead(self, prefetch: int) -> int:
+        """Jobs to claim ahead of the slots: as many as they should start within
+        PREFETCH_HORIZON_SECONDS, at most ``prefetch``."""
+        if not prefetch or self.typical_run is None:
+            return 0
+        expected = self.size * PREFETCH_HORIZON_SECONDS / max(self.typical_run, 1e-6)
+        return min(prefetch, int(expected))
 
     def due(self, now: float, poll_interval: float) -> bool:
         """Whether a claim is due now: asked for, a poll interval since the last one, or
@@ -118,10 +153,14 @@ class SlotKind:
         next_run_seconds: float | None,
         poll_interval: float,
         now: float,
+        *,
+        crowded: bool = False,
     ) -> None:
         """A claim for ``limit`` jobs brought ``jobs``; ``next_run_seconds`` is how long
         until the earliest queued job is due, as the claim found it (zero or less:
-        one is runnable now; None: none is queued). Decides when to look again."""
+        one is runnable now; None: none is queued); ``crowded``: one partition key
+        took most of it, beside other keys' jobs. Decides when to look again."""
+        self.crowded = crowded and jobs == limit
         if jobs == limit:
             self.claim_due = True  # there may be more
             self.recheck_delay = 0.0
