@@ -452,16 +452,33 @@ RETURNS TABLE (lane_priority smallint, lane_key text, lane_wrapped boolean,
 LANGUAGE sql STABLE AS $$
     SELECT found.priority, found.partition_key, found.wrapped, found.run_at
     FROM (
-        (SELECT job.priority, job.partition_key, lane_after.wrapped, job.run_at
+        -- The next key of the same priority, before the walk wrapped...
+        (SELECT job.priority, job.partition_key, false AS wrapped, job.run_at
          FROM {schema}.active_jobs AS job
          WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
            AND job.queue = lane_after.queue AND job.task = lane_after.task
            AND job.priority = lane_after.priority
+           AND NOT lane_after.wrapped
            AND job.partition_key > lane_after.partition_key
-           AND (NOT lane_after.wrapped OR job.partition_key <= lane_after.turn)
          ORDER BY job.partition_key, job.run_at, job.id
          LIMIT 1)
         UNION ALL
+        -- ...or after, up to the turn. Every condition on the row is a bound of the
+        -- index scan, and the ones on the arguments alone decide whether the branch
+        -- runs at all: a condition such as "NOT wrapped OR key <= turn" would be a
+        -- filter, and its scan would read every queued job of the keys past the turn.
+        (SELECT job.priority, job.partition_key, true, job.run_at
+         FROM {schema}.active_jobs AS job
+         WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
+           AND job.queue = lane_after.queue AND job.task = lane_after.task
+           AND job.priority = lane_after.priority
+           AND lane_after.wrapped
+           AND job.partition_key > lane_after.partition_key
+           AND job.partition_key <= lane_after.turn
+         ORDER BY job.partition_key, job.run_at, job.id
+         LIMIT 1)
+        UNION ALL
+        -- Wrapping: the first key of the same priority, up to the turn.
         (SELECT job.priority, job.partition_key, true, job.run_at
          FROM {schema}.active_jobs AS job
          WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
@@ -471,14 +488,28 @@ LANGUAGE sql STABLE AS $$
          ORDER BY job.partition_key, job.run_at, job.id
          LIMIT 1)
         UNION ALL
+        -- The next lower priority (the highest, for the first lane), from its first
+        -- key after the turn, or its first key.
         (SELECT lower.priority, first.partition_key, first.wrapped, first.run_at
          FROM (
-             SELECT job.priority
-             FROM {schema}.active_jobs AS job
-             WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
-               AND job.queue = lane_after.queue AND job.task = lane_after.task
-               AND (lane_after.priority IS NULL OR job.priority < lane_after.priority)
-             ORDER BY job.priority DESC
+             SELECT candidate.priority
+             FROM (
+                 (SELECT job.priority
+                  FROM {schema}.active_jobs AS job
+                  WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
+                    AND job.queue = lane_after.queue AND job.task = lane_after.task
+                    AND lane_after.priority IS NULL
+                  ORDER BY job.priority DESC
+                  LIMIT 1)
+                 UNION ALL
+                 (SELECT job.priority
+                  FROM {schema}.active_jobs AS job
+                  WHERE job.state = 'queued' AND job.partition_key IS NOT NULL
+                    AND job.queue = lane_after.queue AND job.task = lane_after.task
+                    AND job.priority < lane_after.priority
+                  ORDER BY job.priority DESC
+                  LIMIT 1)
+             ) AS candidate
              LIMIT 1
          ) AS lower
          CROSS JOIN LATERAL (
