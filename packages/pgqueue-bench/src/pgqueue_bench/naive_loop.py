@@ -24,6 +24,7 @@ import socket
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import NamedTuple
@@ -89,13 +90,16 @@ class NaiveLoopFleet(WorkerFleet):
     """Naive loop processes instead of ``pgqueue worker``: started, stopped and logged as
     a :class:`WorkerFleet`'s are."""
 
+    loop_module = __name__
+    """The module each process runs (``python -m``): one whose ``serve`` is a loop."""
+
     def command(self) -> list[str]:
         """One loop process's command line."""
         return [
             *self.prefix,
             sys.executable,
             "-m",
-            __name__,
+            self.loop_module,
             self.url,
             self.schema,
             self.settings.queue,
@@ -162,20 +166,26 @@ def run_naive_loop(
     log_dir: Path,
     progress: LiveLine,
     label: str,
+    fleet_type: type[NaiveLoopFleet] = NaiveLoopFleet,
+    before_load: Callable[[], None] | None = None,
 ) -> DrainTimes:
-    """``workers`` loop processes drain ``jobs`` no-op jobs loaded at one commit, in a
-    schema of their own, dropped afterwards."""
+    """``workers`` loop processes (of ``fleet_type``: this module's loop, or another on
+    the same table) drain ``jobs`` no-op jobs loaded at one commit, in a schema of their
+    own, dropped afterwards. ``before_load`` is called once they are warm, just before
+    the load."""
     schema = f"bench_naive_{uuid.uuid4().hex[:10]}"
     with psycopg.connect(url, autocommit=True, connect_timeout=10) as conn:
         conn.execute(_statement("seed_schema_create", schema))
         try:
-            with NaiveLoopFleet(url, schema, WorkerSettings(queue=queue), log_dir) as fleet:
+            with fleet_type(url, schema, WorkerSettings(queue=queue), log_dir) as fleet:
                 fleet.start(workers)
                 progress.update(f"{label}: starting {workers} loop processes", force=True)
                 warmups = _warm_up(conn, schema, queue, workers, timeout)
                 progress.update(f"{label}: loading {jobs} jobs", force=True)
                 server_cpu = server_cpu_of(url)
                 pids = [process.pid for process in fleet.processes]
+                if before_load is not None:
+                    before_load()
                 cpu_before = CpuSpent.now(pids, server_cpu)
                 _load(conn, schema, queue, jobs, measured=True)
                 total = warmups + jobs

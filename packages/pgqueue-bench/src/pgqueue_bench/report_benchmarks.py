@@ -14,6 +14,10 @@ from pgqueue_bench.report_tables import grouped, median_range, number, table
 # FOR UPDATE at this fraction of SKIP LOCKED's rate or better, at every worker count,
 # is no measurable difference (the runs' spread is wider than that).
 SKIP_LOCKED_NO_DIFFERENCE = 0.75
+# The throughput driver's mode the worker's default drain is measured against, and the
+# summary's entry of that ratio (see pgqueue_bench.throughput).
+CEILING_MODE = "batched-ceiling"
+CEILING_RATIO = f"ratio_to_{CEILING_MODE}"
 
 
 def throughput_section(document: dict[str, Any]) -> list[str]:
@@ -55,6 +59,7 @@ def throughput_section(document: dict[str, Any]) -> list[str]:
                 "",
             ]
     lines_ratio += _against_naive_loop(grid)
+    lines_ratio += _against_ceiling(document.get("summary", {}))
     lines_ratio += _cpu_per_job(document["runs"], modes)
     short_runs = [
         run["seconds"] for run in document["runs"] if run.get("seconds") and run["seconds"] < 1
@@ -103,6 +108,31 @@ def _against_naive_loop(grid: dict[Any, dict[str, list[float]]]) -> list[str]:
         f"processes: {ratios}. A pgqueue worker commits a job's ack with its next claim, "
         "one commit per job where the loop makes two, and runs the job on a thread of its "
         "own beside a heartbeat, a reaper and a listener, which cost CPU per job (below).",
+        "",
+    ]
+
+
+def _against_ceiling(summary: dict[str, Any]) -> list[str]:
+    """The default drain against the batched ceiling: the ratio of each round's pair."""
+    by_workers = summary.get("default", {})
+    compared = {
+        int(workers): entry[CEILING_RATIO]
+        for workers, entry in by_workers.items()
+        if entry.get(CEILING_RATIO, {}).get("median") is not None
+    }
+    if not compared:
+        return []
+    ratios = ", ".join(
+        f"{spread['median']:.2f}x"
+        + (f" ({spread['min']:.2f}-{spread['max']:.2f})" if spread["runs"] > 1 else "")
+        + f" at {workers}"
+        for workers, spread in sorted(compared.items())
+    )
+    return [
+        "The default drain against the batched ceiling (`batched-ceiling`: the original "
+        "design's table and loop with 100 jobs per claim statement and 100 per ack "
+        "statement, no lease, no heartbeat, no other thread), the ratio of the two runs of "
+        f"each round, median (min-max over rounds), by processes: {ratios}.",
         "",
     ]
 

@@ -19,8 +19,11 @@ design: ``skip-locked`` claims with ``FOR UPDATE SKIP LOCKED``, ``for-update`` w
 plain ``FOR UPDATE``, under which concurrent claimers queue behind each other's row
 locks. A fourth, ``naive-loop``, is what one job per claim is measured against: the
 original design's table, claim and ack in a loop with nothing else around it
-(:mod:`pgqueue_bench.naive_loop`). Worker counts go from 1 to 32 processes; past the
-machine's core count they measure contention.
+(:mod:`pgqueue_bench.naive_loop`). A fifth, ``batched-ceiling``, is what the default is
+measured against: that loop with a hundred jobs per claim and per ack statement, no
+lease and no heartbeat (:mod:`pgqueue_bench.batched_ceiling`); the summary gives each
+round's ratio of the default to it, the two measured one after the other. Worker counts
+go from 1 to 32 processes; past the machine's core count they measure contention.
 
 32 worker processes need about 100 connections, more than a default server allows;
 ``--private-server`` runs on a private cluster of the same PostgreSQL version with
@@ -41,14 +44,24 @@ import click
 import psycopg
 
 from pgqueue import Job, JobSpec, JobState, Queue
-from pgqueue_bench import database, environment, handlers, naive_loop, observe, results
+from pgqueue_bench import (
+    batched_ceiling,
+    database,
+    environment,
+    handlers,
+    naive_loop,
+    observe,
+    results,
+    statement_stats,
+)
+from pgqueue_bench.batched_ceiling import BatchedCeilingFleet
 from pgqueue_bench.binaries import binaries_for
 from pgqueue_bench.fleet import WorkerFleet, WorkerSettings, warm_up
-from pgqueue_bench.naive_loop import DrainTimes
+from pgqueue_bench.naive_loop import DrainTimes, NaiveLoopFleet
 from pgqueue_bench.options import database_url_option, results_dir_option
 from pgqueue_bench.progress import LiveLine
 from pgqueue_bench.server_cpu import CpuSpent, server_cpu_of
-from pgqueue_bench.servers import PrivateServer
+from pgqueue_bench.servers import PrivateServer, ServerError
 
 QUEUE_NAME = "bench_throughput"
 BASELINE_MODE = "skip-locked"
@@ -63,9 +76,22 @@ MODES: dict[str, dict[str, Any]] = {
     # ...or waiting for them: the comparison that shows what SKIP LOCKED buys.
     "for-update": {"concurrency": 1, "prefetch": 0, "claim_mode": "for-update"},
 }
-# Not a pgqueue worker: the original design's loop, on its own table.
+# Not pgqueue workers: the original design's loop on its own table, one job at a time
+# or a hundred per statement; each is the mode another is measured against.
 NAIVE_LOOP_MODE = "naive-loop"
-ALL_MODES = (*MODES, NAIVE_LOOP_MODE)
+CEILING_MODE = "batched-ceiling"
+LOOP_MODES: dict[str, type[NaiveLoopFleet]] = {
+    NAIVE_LOOP_MODE: NaiveLoopFleet,
+    CEILING_MODE: BatchedCeilingFleet,
+}
+LOOP_DESCRIPTIONS = {
+    NAIVE_LOOP_MODE: "the original design's claim and ack, one job per loop",
+    CEILING_MODE: f"the original design's table, {batched_ceiling.BATCH} jobs per claim and "
+    "per ack statement, no lease, no heartbeat",
+}
+ALL_MODES = (*MODES, *LOOP_MODES)
+# The default drain's ratio to the batched ceiling, per round, is in the summary.
+DRAIN_MODE = "default"
 WORKER_COUNTS = (1, 2, 4, 8, 16, 32)
 QUICK_WORKER_COUNTS = (1, 2, 4)
 
@@ -83,6 +109,9 @@ class ThroughputScenario:
 
     jobs: int = 5_000
     timeout: float = 900.0
+    statements: bool = False
+    """Record each run's statements from pg_stat_statements (see
+    :mod:`pgqueue_bench.statement_stats`)."""
 
     def worker_settings(self, mode: str) -> WorkerSettings:
         """The worker's defaults, changed as ``mode`` says."""
@@ -152,16 +181,19 @@ def _per_job(seconds: float | None, jobs: int) -> float | None:
     return None if seconds is None or not jobs else seconds / jobs * 1e6
 
 
-def run_naive_loop(
+def run_loop(
     url: str,
     scenario: ThroughputScenario,
+    mode: str,
     workers: int,
     *,
     log_dir: Path,
     progress: LiveLine | None = None,
     label: str = "throughput",
 ) -> dict[str, Any]:
-    """One measurement of the original design's loop, ``workers`` processes."""
+    """One measurement of the original design's loop in ``mode`` (one of
+    ``LOOP_MODES``), ``workers`` processes."""
+    fleet_type = LOOP_MODES[mode]
     times = naive_loop.run_naive_loop(
         url,
         QUEUE_NAME,
@@ -171,13 +203,23 @@ def run_naive_loop(
         log_dir=log_dir,
         progress=progress or LiveLine(),
         label=label,
+        fleet_type=fleet_type,
+        before_load=(lambda: statement_stats.reset(url)) if scenario.statements else None,
     )
     return {
-        "mode": NAIVE_LOOP_MODE,
+        "mode": mode,
         "workers": workers,
-        "worker_arguments": ["python", "-m", naive_loop.__name__],
+        "worker_arguments": ["python", "-m", fleet_type.loop_module],
         **rate_of(times),
+        **_statements_of(url, scenario),
     }
+
+
+def _statements_of(url: str, scenario: ThroughputScenario) -> dict[str, Any]:
+    """The run's statements, when the scenario records them."""
+    if not scenario.statements:
+        return {}
+    return {"statements": statement_stats.read(url, scenario.jobs)}
 
 
 def run_throughput(
@@ -203,6 +245,8 @@ def run_throughput(
         progress.update(f"{label}: loading {scenario.jobs} jobs", force=True)
         server_cpu = server_cpu_of(url)
         pids = [process.pid for process in fleet.processes]
+        if scenario.statements:
+            statement_stats.reset(url)
         cpu_before = CpuSpent.now(pids, server_cpu)
         measured = _load(url, queue, scenario.jobs)
         total = warmups + len(measured)
@@ -216,6 +260,7 @@ def run_throughput(
 
         observe.wait_for(drained, scenario.timeout, interval=0.25, what="the measured jobs")
         cpu = CpuSpent.now(pids, server_cpu).since(cpu_before)
+        statements = _statements_of(url, scenario)
         progress.clear()
         jobs = [job for job in observe.all_jobs(queue) if job.id in measured]
     return {
@@ -223,6 +268,7 @@ def run_throughput(
         "workers": workers,
         "worker_arguments": settings.arguments(),
         **measure(jobs, cpu),
+        **statements,
     }
 
 
@@ -247,7 +293,31 @@ def summarize_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
             baseline = medians.get((BASELINE_MODE, int(workers_key)))
             mine = medians.get((mode, int(workers_key)))
             entry[f"speedup_over_{BASELINE_MODE}"] = mine / baseline if mine and baseline else None
+    if DRAIN_MODE in summary and CEILING_MODE in summary:
+        for workers_key, entry in summary[DRAIN_MODE].items():
+            entry[f"ratio_to_{CEILING_MODE}"] = results.spread(
+                ratios_by_round(runs, DRAIN_MODE, CEILING_MODE, int(workers_key))
+            )
     return summary
+
+
+def ratios_by_round(
+    runs: list[dict[str, Any]], mode: str, against: str, workers: int
+) -> list[float]:
+    """``mode``'s jobs/s over ``against``'s, one ratio per repeat that verified both at
+    ``workers`` processes: the two ran one after the other, so each ratio compares them
+    on the machine as it was then, and the ratios' spread is the comparison's."""
+    rates: dict[tuple[int, str], float] = {
+        (run["repeat"], run["mode"]): run["jobs_per_second"]
+        for run in runs
+        if run["workers"] == workers and run["verified"] and run.get("repeat") is not None
+    }
+    repeats = sorted({repeat for repeat, _ in rates})
+    return [
+        rates[(repeat, mode)] / rates[(repeat, against)]
+        for repeat in repeats
+        if (repeat, mode) in rates and (repeat, against) in rates
+    ]
 
 
 def _describe_run(run: dict[str, Any]) -> str:
@@ -259,14 +329,25 @@ def _describe_run(run: dict[str, Any]) -> str:
     )
 
 
-def _private_target(like_url: str | None) -> database.Target:
+def _private_target(like_url: str | None, *, statements: bool) -> database.Target:
     """A private cluster for this command, of the same major version as ``like_url``'s
-    server (or the embedded one), destroyed when the command ends."""
-    server = PrivateServer(binaries_for(like_url), settings=PRIVATE_SERVER_SETTINGS)
+    server (or the embedded one), destroyed when the command ends; loading
+    pg_stat_statements when ``statements`` asks for it."""
+    chosen = {
+        **PRIVATE_SERVER_SETTINGS,
+        **(statement_stats.SERVER_SETTINGS if statements else {}),
+    }
+    server = PrivateServer(binaries_for(like_url), settings=chosen)
     server.create()
     click.get_current_context().call_on_close(server.destroy)
-    server.start()
-    settings = ", ".join(f"{name}={value}" for name, value in PRIVATE_SERVER_SETTINGS.items())
+    try:
+        server.start()
+    except ServerError as exc:
+        raise click.ClickException(
+            f"the private cluster ({server.binaries.label}) did not start with "
+            f"{', '.join(f'{k}={v}' for k, v in chosen.items())}: {exc}"
+        ) from None
+    settings = ", ".join(f"{name}={value}" for name, value in chosen.items())
     return database.Target(server.url(), f"private cluster, {server.binaries.label}, {settings}")
 
 
@@ -284,8 +365,8 @@ def _private_target(like_url: str | None) -> database.Target:
     "modes",
     type=click.Choice(ALL_MODES),
     multiple=True,
-    help="Worker configuration, or naive-loop for the original design's loop "
-    "(repeatable). Default: all.",
+    help="Worker configuration, or naive-loop for the original design's loop, or "
+    "batched-ceiling for that loop 100 jobs per statement (repeatable). Default: all.",
 )
 @click.option("--repeats", type=click.IntRange(1), default=3, show_default=True)
 @click.option("--quick", is_flag=True, help="2000 jobs, one run each, 1, 2 and 4 workers.")
@@ -293,6 +374,12 @@ def _private_target(like_url: str | None) -> database.Target:
     "--private-server",
     is_flag=True,
     help="Run on a private cluster of the same PostgreSQL version with max_connections 500.",
+)
+@click.option(
+    "--statements",
+    is_flag=True,
+    help="Record each run's statements from pg_stat_statements (with --private-server, "
+    "a PostgreSQL that ships it, such as a system PostgreSQL 15).",
 )
 @database_url_option
 @results_dir_option
@@ -309,6 +396,7 @@ def throughput_command(
     repeats: int,
     quick: bool,
     private_server: bool,
+    statements: bool,
     database_url: str | None,
     results_dir: str | None,
     results_name: str,
@@ -317,9 +405,16 @@ def throughput_command(
     if quick:
         jobs, repeats = min(jobs, 2000), 1
     target = (
-        _private_target(database_url) if private_server else database.resolve_target(database_url)
+        _private_target(database_url, statements=statements)
+        if private_server
+        else database.resolve_target(database_url)
     )
-    scenario = ThroughputScenario(jobs=jobs)
+    if statements:
+        try:
+            statement_stats.enable(target.url)
+        except statement_stats.StatementStatsUnavailable as exc:
+            raise click.ClickException(str(exc)) from None
+    scenario = ThroughputScenario(jobs=jobs, statements=statements)
     modes = modes or ALL_MODES
     worker_counts = worker_counts or (QUICK_WORKER_COUNTS if quick else WORKER_COUNTS)
     runs = []
@@ -329,10 +424,11 @@ def throughput_command(
                 for mode in modes:
                     label = f"throughput {mode} x{workers}, run {repeat + 1}/{repeats}"
                     with tempfile.TemporaryDirectory(prefix="pgqueue-throughput-") as log_dir:
-                        if mode == NAIVE_LOOP_MODE:
-                            run = run_naive_loop(
+                        if mode in LOOP_MODES:
+                            run = run_loop(
                                 target.url,
                                 scenario,
+                                mode,
                                 workers,
                                 log_dir=Path(log_dir),
                                 progress=progress,
@@ -355,17 +451,18 @@ def throughput_command(
         for workers, entry in by_workers.items():
             median = entry["jobs_per_second"]["median"]
             speedup = entry[f"speedup_over_{BASELINE_MODE}"]
+            ceiling = entry.get(f"ratio_to_{CEILING_MODE}", {}).get("median")
             click.echo(
                 f"{mode}, {workers} worker(s): median {median or 0:,.0f} jobs/s"
                 + (f", {speedup:.1f}x {BASELINE_MODE}" if speedup else "")
+                + (f", {ceiling:.2f}x {CEILING_MODE} (median of rounds)" if ceiling else "")
             )
     parameters = {
         **asdict(scenario),
         "repeats": repeats,
         "workers": list(worker_counts),
         "modes": {
-            mode: MODES.get(mode, "the original design's claim and ack, one job per loop")
-            for mode in modes
+            mode: MODES[mode] if mode in MODES else LOOP_DESCRIPTIONS[mode] for mode in modes
         },
         "worker_log_arguments": list(WORKER_LOG_ARGUMENTS),
         "rate": "jobs / (last finished_at - first started_at), database clock",

@@ -1,7 +1,9 @@
 -- The seed design's naive loop (pgqueue bench throughput --mode naive-loop): the jobs
 -- table, claim and ack of pgqueue's first design, verbatim, which pgqueue's own
--- one-job-per-claim mode is measured against. Its own schema keeps it apart from
--- pgqueue's tables; nothing of pgqueue runs on it.
+-- one-job-per-claim mode is measured against; and the batched ceiling (--mode
+-- batched-ceiling), the same table and loop with a hundred jobs per claim and per ack,
+-- which the worker's default drain is measured against. Its own schema keeps it apart
+-- from pgqueue's tables; nothing of pgqueue runs on it.
 --
 -- Placeholders: {schema} is the quoted schema of the run.
 -- Parameters use psycopg's %(name)s style.
@@ -130,6 +132,38 @@ SET state = 'succeeded',
 FROM unnest(%(ids)s::bigint[], %(tokens)s::uuid[], %(results)s::jsonb[]) AS done (id, token, result)
 WHERE job.id = done.id AND job.lease_token = done.token AND job.state = 'running'
 RETURNING job.*;
+
+-- name: ceiling_jobs_claim
+-- The batched ceiling's claim (pgqueue bench throughput --mode batched-ceiling): the
+-- first design's claim with %(limit)s jobs per statement and no lease (no token, no
+-- expiry), returning only what running a job needs.
+WITH claimable AS (
+    SELECT id FROM {schema}.jobs
+    WHERE state = 'queued'
+      AND queue = ANY(%(queues)s::text[])
+      AND task = ANY(%(tasks)s::text[])
+      AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {schema}.jobs AS job
+SET state = 'running',
+    attempts = job.attempts + 1,
+    worker_id = %(worker_id)s,
+    started_at = now()
+FROM claimable
+WHERE job.id = claimable.id
+RETURNING job.id, job.payload;
+
+-- name: ceiling_jobs_ack
+-- The batched ceiling's ack: every job of one claim in one statement, by id (no lease
+-- token to check), its null result stored as the first design stored it.
+UPDATE {schema}.jobs
+SET state = 'succeeded',
+    result = 'null'::jsonb,
+    finished_at = now()
+WHERE id = ANY(%(ids)s::bigint[]) AND state = 'running';
 
 -- name: seed_jobs_progress
 -- How many jobs there are, how many finished, and which workers ran warm-up jobs.
