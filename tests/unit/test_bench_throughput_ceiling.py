@@ -59,3 +59,17 @@ def test_the_results_page_gives_the_ratio_with_its_spread_over_rounds() -> None:
     text = "\n".join(report.throughput_section(document))
     assert "| workers | default | batched-ceiling |" in text
     assert "by processes: 0.80x (0.60-0.90) at 4." in text
+
+
+def test_the_results_page_names_a_run_far_slower_than_its_median() -> None:
+    stalled = {**_run(2, "default", 600.0), "client_cpu_us_per_job": 90.0}
+    stalled |= {"server_cpu_us_per_job": 1200.0, "not_first_attempt_successes": 0}
+    runs = [RUNS[0], RUNS[1], stalled, RUNS[3], RUNS[4], RUNS[5]]
+    document = {"parameters": {"jobs": 20_000}, "runs": runs, "summary": summarize_runs(runs)}
+    text = "\n".join(report.throughput_section(document))
+    assert (
+        "Runs slower than 0.25 of their median (stalls, not spread): default, 4 processes, "
+        "round 2: 600 jobs/s, 33.3 s, 90 / 1,200 µs of CPU per job, workers / server."
+    ) in text
+    calm = "\n".join(report.throughput_section({**document, "runs": RUNS}))
+    assert "stalls" not in calm

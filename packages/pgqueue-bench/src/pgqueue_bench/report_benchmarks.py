@@ -18,6 +18,9 @@ SKIP_LOCKED_NO_DIFFERENCE = 0.75
 # summary's entry of that ratio (see pgqueue_bench.throughput).
 CEILING_MODE = "batched-ceiling"
 CEILING_RATIO = f"ratio_to_{CEILING_MODE}"
+# A run below this fraction of its mode's median at its worker count is no ordinary
+# spread (a stall): the page names it.
+STALLED_FRACTION = 0.25
 
 
 def throughput_section(document: dict[str, Any]) -> list[str]:
@@ -60,6 +63,7 @@ def throughput_section(document: dict[str, Any]) -> list[str]:
             ]
     lines_ratio += _against_naive_loop(grid)
     lines_ratio += _against_ceiling(document.get("summary", {}))
+    lines_ratio += _stalled(document["runs"], grid)
     lines_ratio += _cpu_per_job(document["runs"], modes)
     short_runs = [
         run["seconds"] for run in document["runs"] if run.get("seconds") and run["seconds"] < 1
@@ -133,6 +137,38 @@ def _against_ceiling(summary: dict[str, Any]) -> list[str]:
         "design's table and loop with 100 jobs per claim statement and 100 per ack "
         "statement, no lease, no heartbeat, no other thread), the ratio of the two runs of "
         f"each round, median (min-max over rounds), by processes: {ratios}.",
+        "",
+    ]
+
+
+def _stalled(runs: list[dict[str, Any]], grid: dict[Any, dict[str, list[float]]]) -> list[str]:
+    """The runs far slower than their mode's median at their worker count, named with
+    their duration and CPU per job: a stall, which a median hides."""
+    named = []
+    for run in runs:
+        rate = run.get("jobs_per_second")
+        rates = grid.get(run["workers"], {}).get(run["mode"], [])
+        if rate is None or len(rates) < 2 or rate >= STALLED_FRACTION * statistics.median(rates):
+            continue
+        cpu = ""
+        if run.get("server_cpu_us_per_job") is not None:
+            cpu = (
+                f", {run['client_cpu_us_per_job']:,.0f} / {run['server_cpu_us_per_job']:,.0f} "
+                "µs of CPU per job, workers / server"
+            )
+        retried = run.get("not_first_attempt_successes")
+        named.append(
+            f"{run['mode']}, {run['workers']} processes"
+            + (f", round {run['repeat']}" if run.get("repeat") else "")
+            + f": {run['jobs_per_second']:,.0f} jobs/s, {run['seconds']:.1f} s{cpu}"
+            + (f", {retried} jobs not done at their first attempt" if retried else "")
+        )
+    if not named:
+        return []
+    return [
+        f"Runs slower than {STALLED_FRACTION:g} of their median (stalls, not spread): "
+        + "; ".join(named)
+        + ".",
         "",
     ]
 
