@@ -5,8 +5,8 @@ handed to :mod:`pgqueue.keyed` and :mod:`pgqueue.dependencies`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from contextlib import nullcontext
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import datetime
 from typing import Any
 
@@ -14,10 +14,11 @@ import psycopg
 import psycopg.errors
 
 from pgqueue import bulk, dependencies, jsonb, keyed, tracing, validation
-from pgqueue.errors import IdempotencyConflict
+from pgqueue.errors import DatabaseUnavailable, IdempotencyConflict
 from pgqueue.job import EnqueueResult, Job
 from pgqueue.job_spec import JobSpec
-from pgqueue.queue_base import QueueBase
+from pgqueue.producer_connections import Borrowed
+from pgqueue.queue_base import UNAVAILABLE, QueueBase, describe_unavailable
 from pgqueue.settings import DEFAULT_MAX_ATTEMPTS, DEFAULT_QUEUE
 
 
@@ -112,25 +113,39 @@ class ProducerMethods(QueueBase):
     ) -> tuple[int, datetime, datetime]:
         """Run job_insert for one job's ``params``: what the server decided, the id and
         the times."""
-        with self._connection(conn) as c:
-            # No jsonb comes back, so a plain cursor: one with loaders of its own (as
-            # jsonb.cursor makes) makes psycopg rebuild its adapters, about 40 us of CPU
-            # per call, more than all of pgqueue's own Python on this path. Its rows are
-            # tuples, the cheapest rows psycopg makes.
-            cur = c.cursor()
-            if conn is None:
-                # One statement is its own transaction: in autocommit it costs one round
-                # trip, where BEGIN, the statement and COMMIT cost more, even pipelined.
-                c.autocommit = True
-                try:
-                    cur.execute(self._sql("job_insert"), params)
-                finally:
-                    c.autocommit = False
-            else:
+        try:
+            with nullcontext(conn) if conn is not None else self._autocommit() as c:
+                # No jsonb comes back, so a plain cursor: one with loaders of its own (as
+                # jsonb.cursor makes) makes psycopg rebuild its adapters, about 40 us of
+                # CPU per call, more than all of pgqueue's own Python on this path. Its
+                # rows are tuples, the cheapest rows psycopg makes.
+                cur = c.cursor()
                 cur.execute(self._sql("job_insert"), params)
-            row = cur.fetchone()
+                row = cur.fetchone()
+        except UNAVAILABLE as exc:
+            raise DatabaseUnavailable(describe_unavailable(exc)) from exc
         assert row is not None  # an INSERT ... RETURNING of one row
         return row[0], row[1], row[2]
+
+    def _autocommit(self) -> AbstractContextManager[psycopg.Connection]:
+        """A pooled connection in autocommit mode, for one statement that is its own
+        transaction: in autocommit it costs one round trip, where BEGIN, the statement
+        and COMMIT cost more, even pipelined. One that producers keep between enqueues
+        when the Queue owns its pool (see :mod:`pgqueue.producer_connections`); the
+        caller turns the errors of the database into DatabaseUnavailable."""
+        parked = self._producer_connections
+        if parked is not None and self.statement_timeout is None:
+            return Borrowed(parked)
+        return self._switched_to_autocommit()
+
+    @contextmanager
+    def _switched_to_autocommit(self) -> Iterator[psycopg.Connection]:
+        with self._connection() as c:
+            c.autocommit = True
+            try:
+                yield c
+            finally:
+                c.autocommit = False
 
     def enqueue_many(
         self, specs: Iterable[JobSpec], *, conn: psycopg.Connection | None = None
@@ -194,21 +209,18 @@ class ProducerMethods(QueueBase):
             for row in rows:
                 row["trace_context"] = trace_context
         columns = {key: [row[key] for row in rows] for key in rows[0]}
-        with self._connection(conn) as c:
-            cur = jsonb.cursor(c)
-            if conn is not None:
+        # Without a caller's connection and with no key, so no conflict to check, the
+        # one statement is its own transaction, as in enqueue.
+        try:
+            with nullcontext(conn) if conn is not None else self._autocommit() as c:
+                cur = jsonb.cursor(c)
                 cur.execute(self._sql("job_insert_many"), columns)
-            else:
-                # A pooled connection and no key, so no conflict to check: the one
-                # statement is its own transaction, in one round trip (as in enqueue).
-                c.autocommit = True
-                try:
-                    cur.execute(self._sql("job_insert_many"), columns)
-                finally:
-                    c.autocommit = False
-            # Keyless rows always insert, in input order, so their ids follow it.
-            inserted = sorted((Job.from_row(row) for row in cur.fetchall()), key=lambda j: j.id)
-            return EnqueueResult.all_created(inserted)
+                fetched = cur.fetchall()
+        except UNAVAILABLE as exc:
+            raise DatabaseUnavailable(describe_unavailable(exc)) from exc
+        # Keyless rows always insert, in input order, so their ids follow it.
+        inserted = sorted((Job.from_row(row) for row in fetched), key=lambda j: j.id)
+        return EnqueueResult.all_created(inserted)
 
     def _enqueue_keyed(
         self, specs: list[JobSpec], conn: psycopg.Connection | None, trace_context: str | None

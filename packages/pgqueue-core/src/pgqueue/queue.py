@@ -55,6 +55,7 @@ from pgqueue.job import Job, JobState
 from pgqueue.job_spec import JobSpec
 from pgqueue.job_watch import JobWatcher
 from pgqueue.outcomes import OutcomeBatch
+from pgqueue.producer_connections import ProducerConnections
 from pgqueue.producing import ProducerMethods
 from pgqueue.pruning import PruneMethods
 from pgqueue.queue_base import describe_unavailable
@@ -151,7 +152,11 @@ class Queue(
             timeout=pool_timeout,
             prepare=prepare,
         )
-        return cls(pool, schema=schema, **options)
+        queue = cls(pool, schema=schema, **options)
+        # The pool is the Queue's alone: its producers may keep connections between
+        # enqueues (see pgqueue.producer_connections).
+        queue._producer_connections = ProducerConnections(pool)
+        return queue
 
     def with_statement_timeout(self, seconds: float | None) -> Queue:
         """This Queue, on the same pool, with hooks and limits, whose every statement on
@@ -166,8 +171,11 @@ class Queue(
         return bounded
 
     def close(self) -> None:
-        """Stop the job watcher, if a wait started it, and close the pool."""
+        """Stop the job watcher, if a wait started it, and close the pool, with the
+        connections producers keep."""
         self._watchers.close()
+        if self._producer_connections is not None:
+            self._producer_connections.close()
         self.pool.close()
 
     def __enter__(self) -> Queue:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 import psycopg
@@ -13,6 +13,7 @@ import psycopg_pool
 from pgqueue import jsonb, queries
 from pgqueue.deadlines import WATCHDOG, DeadlineExceeded
 from pgqueue.errors import DatabaseUnavailable, error_line
+from pgqueue.producer_connections import ProducerConnections
 
 # SQLSTATE classes that mean "the database cannot take this now", not "your call is
 # wrong": connection loss, admin shutdown, read-only server, disk full, timeouts.
@@ -42,6 +43,9 @@ class QueueBase:
     max_payload_bytes: int
     max_result_bytes: int
     statement_timeout: float | None
+    _producer_connections: ProducerConnections | None = None
+    """The connections producers keep between enqueues, when the Queue owns its pool
+    (see :mod:`pgqueue.producer_connections`)."""
 
     def _sql(self, name: str, lock: str = "skip-locked") -> psycopg.sql.SQL:
         return queries.bind(name, self.schema, lock)
@@ -54,11 +58,11 @@ class QueueBase:
             if conn is not None:
                 yield conn
             elif self.statement_timeout is None:
-                with self.pool.connection() as pooled:
+                with self._pooled() as pooled:
                     yield pooled
             else:
                 with (
-                    self.pool.connection() as pooled,
+                    self._pooled() as pooled,
                     WATCHDOG.watch(pooled, self.statement_timeout, "a statement"),
                 ):
                     yield pooled
@@ -66,6 +70,13 @@ class QueueBase:
             raise DatabaseUnavailable(describe_unavailable(exc)) from exc
         except DeadlineExceeded as exc:
             raise DatabaseUnavailable(f"database unavailable: {exc}") from exc
+
+    def _pooled(self) -> AbstractContextManager[psycopg.Connection]:
+        """``pool.connection()``; when producers keep connections of the pool, through
+        :meth:`~pgqueue.producer_connections.ProducerConnections.for_others`, so that
+        no statement waits for a connection a producer keeps."""
+        producers = self._producer_connections
+        return self.pool.connection() if producers is None else producers.for_others()
 
     def _rows(
         self,

@@ -38,6 +38,8 @@ class WorkerProtocol(ClaimMethods, OutcomeMethods):
         self.max_payload_bytes = queue.max_payload_bytes
         self.max_result_bytes = queue.max_result_bytes
         self.statement_timeout = queue.statement_timeout
+        # Its statements give back the connections the Queue's producers keep.
+        self._producer_connections = queue._producer_connections
         self.lender = None
         """Lends ``job.transaction()`` and ``job.atransaction()`` of the jobs claimed
         through this protocol their connection: the worker running them sets it (see
