@@ -33,6 +33,8 @@ PGQUEUE = str(Path(sys.executable).parent / "pgqueue")
 ALWAYS_HERE = (
     "raw-insert-1",
     "raw-insert-16",
+    "raw-insert-1-pool",
+    "raw-insert-16-pool",
     "enqueue-1",
     "enqueue-1-own-connection",
     "enqueue-16",

@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from pgqueue_bench import enqueue, enqueue_settings, enqueue_summary, report
 
 
@@ -134,3 +136,45 @@ def test_the_readme_block_includes_the_section_when_there_are_results(tmp_path: 
 
     assert "### Enqueue: the producer path" in rendered
     assert "Raw data: `results/enqueue.json`." in rendered
+
+
+def test_a_ratio_has_the_spread_of_each_repeats_pair_and_a_reference_no_verdict() -> None:
+    runs = [
+        {**_run("raw-insert-16", 4000.0), "repeat": 1},
+        {**_run("enqueue-16", 3600.0), "repeat": 1},
+        {**_run("raw-insert-16-pool", 3000.0), "repeat": 1},
+        {**_run("raw-insert-16", 5000.0), "repeat": 2},
+        {**_run("enqueue-16", 4000.0), "repeat": 2},
+        {**_run("raw-insert-16-pool", 4500.0), "repeat": 2},
+        # A repeat whose denominator did not count: no pair for that repeat.
+        {**_run("raw-insert-16", 1.0, verified=False), "repeat": 3},
+        {**_run("enqueue-16", 3800.0), "repeat": 3},
+    ]
+    summary = enqueue_summary.summarize(runs, {})
+    ratios = {(r["numerator"], r["denominator"]): r for r in summary["ratios"]}
+
+    held = ratios[("enqueue-16", "raw-insert-16")]
+    assert held["ratio"] == 3800.0 / 4500.0
+    assert held["per_repeat"] == {"median": pytest.approx(0.85), "min": 0.8, "max": 0.9, "runs": 2}
+    assert held["holds"] is True
+    reference = ratios[("raw-insert-16-pool", "raw-insert-16")]
+    assert (reference["at_least"], reference["holds"]) == (None, None)
+    assert enqueue_summary.describe_ratio(held) == (
+        "enqueue-16 / raw-insert-16: 0.84x (per repeat 0.80-0.90x) (at least 0.8x: holds)"
+    )
+    assert enqueue_summary.describe_ratio(reference) == (
+        "raw-insert-16-pool / raw-insert-16: 0.83x (per repeat 0.75-0.90x)"
+    )
+
+    document = {**_document(), "runs": runs, "summary": summary}
+    rows = _rows(report.enqueue_section(document))
+    assert rows["`enqueue-16` / `raw-insert-16`"][1:] == [
+        "0.84x (0.80-0.90)",
+        "at least 0.8x",
+        "yes",
+    ]
+    assert rows["`raw-insert-16-pool` / `raw-insert-16`"][1:] == [
+        "0.83x (0.75-0.90)",
+        "reference",
+        "-",
+    ]

@@ -9,8 +9,11 @@ fresh database:
   defaults, constraints and indexes, no triggers), on autocommit connections:
   one prepared ``INSERT ... RETURNING id`` per transaction on one connection
   (``raw-insert-1``) and on ``--connections`` connections (16 unless told), a thread
-  each (``raw-insert-16``); ``--batch-size`` rows per statement from arrays
-  (``raw-multirow``) and per ``COPY`` (``raw-copy``);
+  each (``raw-insert-16``); the same, each row on a connection taken from a
+  psycopg_pool pool of autocommit connections and returned after it
+  (``raw-insert-1-pool``, ``raw-insert-16-pool``: what the pool alone costs per
+  checkout); ``--batch-size`` rows per statement from arrays (``raw-multirow``) and
+  per ``COPY`` (``raw-copy``);
 - pgqueue: ``Queue.enqueue`` on a pool of one connection (``enqueue-1``), on an
   autocommit connection of the producer's own passed as ``conn=``, so that no call
   takes a connection from the pool (``enqueue-1-own-connection``), and from
@@ -57,7 +60,7 @@ import click
 from pgqueue_bench import database, environment, results
 from pgqueue_bench.enqueue_http import http_case, wrk_version
 from pgqueue_bench.enqueue_peers import PEERS, peer_case, peer_pythons, peer_versions
-from pgqueue_bench.enqueue_producers import queue_case, raw_case
+from pgqueue_bench.enqueue_producers import queue_case, raw_case, raw_pooled_case
 from pgqueue_bench.enqueue_settings import Settings, Tools
 from pgqueue_bench.enqueue_summary import (
     describe_bound,
@@ -84,6 +87,19 @@ CASES = (
         "raw-insert-16",
         "",
         lambda s: f"raw INSERT, one row per transaction, {s.connections} connections",
+    ),
+    Case(
+        "raw-insert-1-pool",
+        "",
+        lambda s: "raw INSERT, one row per transaction, a pool of 1, checked out per row",
+    ),
+    Case(
+        "raw-insert-16-pool",
+        "",
+        lambda s: (
+            f"raw INSERT, one row per transaction, {s.connections} threads, a pool of "
+            f"{s.connections}, checked out per row"
+        ),
     ),
     Case("enqueue-1", "", lambda s: "`Queue.enqueue`, one job per call, 1 connection"),
     Case(
@@ -143,6 +159,8 @@ def run_case(name: str, url: str, settings: Settings, tools: Tools) -> dict[str,
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "raw-insert-1": lambda: raw_case(url, settings, producers=1, copy=False, batch=1),
         "raw-insert-16": lambda: raw_case(url, settings, producers=n, copy=False, batch=1),
+        "raw-insert-1-pool": lambda: raw_pooled_case(url, settings, producers=1),
+        "raw-insert-16-pool": lambda: raw_pooled_case(url, settings, producers=n),
         "enqueue-1": lambda: queue_case(url, settings, producers=1, batch=1),
         "enqueue-1-own-connection": lambda: queue_case(
             url, settings, producers=1, batch=1, own_connections=True

@@ -1,5 +1,6 @@
 """The enqueue cases measured in this process: raw SQL into ``plain_jobs`` (a row per
-INSERT, arrays per INSERT, COPY) and pgqueue's ``Queue.enqueue`` and
+INSERT on a held connection or on one taken from a psycopg_pool pool per call, arrays
+per INSERT, COPY) and pgqueue's ``Queue.enqueue`` and
 ``Queue.enqueue_many``, each producer in a thread of its own, run by
 :func:`run_producers` through a warm-up and then a measured window.
 """
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import psycopg
+import psycopg_pool
 from psycopg import sql
 from psycopg.types.json import Jsonb
 
@@ -144,6 +146,22 @@ def _raw_insert(conn: psycopg.Connection, schema: str, batch: int) -> Callable[[
     return insert_many
 
 
+def _raw_insert_pooled(pool: psycopg_pool.ConnectionPool, schema: str) -> Callable[[], int]:
+    """One prepared single-row INSERT per call, on a connection taken from ``pool`` for
+    the call and returned after it: what psycopg_pool's checkout and return add to the
+    statement, with nothing of pgqueue's."""
+    one = schema_statement_in(STATEMENTS, "plain_insert_one", schema)
+    numbers = itertools.count()
+
+    def insert_one() -> int:
+        params = {"queue": QUEUE_NAME, "task": TASK, "payload": Jsonb({"seq": next(numbers)})}
+        with pool.connection() as conn:
+            conn.execute(one, params, prepare=True).fetchone()
+        return 1
+
+    return insert_one
+
+
 def _raw_copy(conn: psycopg.Connection, schema: str, batch: int) -> Callable[[], int]:
     """One ``COPY`` of ``batch`` rows per call, each its own transaction."""
     copy_in = schema_statement_in(STATEMENTS, "plain_copy", schema)
@@ -206,6 +224,31 @@ def raw_case(
         make = _raw_copy if copy else _raw_insert
         timing = run_producers(
             [make(conn, schema, batch) for conn in connections],
+            settings.seconds,
+            settings.warmup,
+            server_cpu_of(url),
+        )
+        return outcome(timing, count_rows(url, sql.Identifier(schema, "plain_jobs")))
+
+
+def raw_pooled_case(url: str, settings: Settings, *, producers: int) -> dict[str, Any]:
+    """Case ``raw-insert-*-pool``: ``producers`` threads, each adding one row per call
+    to ``plain_jobs`` of a fresh schema on a connection of a psycopg_pool pool of as many
+    autocommit connections, taken and returned per call; the run's figures, verified
+    against the table."""
+    with (
+        plain_table(url) as schema,
+        psycopg_pool.ConnectionPool(
+            url,
+            min_size=producers,
+            max_size=producers,
+            kwargs={"autocommit": True, "connect_timeout": 10},
+            open=True,
+        ) as pool,
+    ):
+        pool.wait()
+        timing = run_producers(
+            [_raw_insert_pooled(pool, schema) for _ in range(producers)],
             settings.seconds,
             settings.warmup,
             server_cpu_of(url),

@@ -10,11 +10,16 @@ from typing import Any
 
 from pgqueue_bench import results
 
-# The comparisons the producer path is held to: (numerator, denominator, at least).
-RATIOS = (
+# The comparisons the producer path is held to: (numerator, denominator, at least);
+# None: a reference shown beside them, held to nothing.
+RATIOS: tuple[tuple[str, str, float | None], ...] = (
     ("enqueue-1", "raw-insert-1", 0.9),
     ("enqueue-1", "pgqueuer-single", 1.5),
     ("enqueue-16", "raw-insert-16", 0.8),
+    # What a pool's checkout and return per row cost the same INSERT: held against no
+    # bound, shown beside the ratios above.
+    ("raw-insert-1-pool", "raw-insert-1", None),
+    ("raw-insert-16-pool", "raw-insert-16", None),
     ("enqueue-many", "raw-multirow", 0.8),
     ("enqueue-many", "pgqueuer-batch", 1.2),
 )
@@ -58,17 +63,32 @@ def summarize(runs: list[dict[str, Any]], skipped: dict[str, str]) -> dict[str, 
         found: float | None = cases.get(case, {}).get(figure, {}).get("median")
         return found
 
+    def per_repeat(case: str) -> dict[int, float]:
+        return {
+            run["repeat"]: run["jobs_per_second"]
+            for run in runs
+            if run["case"] == case
+            and run["verified"]
+            and run.get("jobs_per_second")
+            and "repeat" in run
+        }
+
     ratios = []
     for numerator, denominator, at_least in RATIOS:
         top, bottom = median(numerator), median(denominator)
         value = top / bottom if top and bottom else None
+        # The cases of one repeat ran in turn, minutes apart at most: the ratio of each
+        # repeat's pair, whose spread says how far the machine's noise moves the ratio.
+        tops, bottoms = per_repeat(numerator), per_repeat(denominator)
+        paired = [tops[r] / bottoms[r] for r in sorted(tops) if r in bottoms]
         ratios.append(
             {
                 "numerator": numerator,
                 "denominator": denominator,
                 "ratio": value,
+                "per_repeat": results.spread(paired) if paired else None,
                 "at_least": at_least,
-                "holds": None if value is None else value >= at_least,
+                "holds": None if value is None or at_least is None else value >= at_least,
             }
         )
     bounds = []
@@ -102,11 +122,14 @@ def describe_ratio(ratio: dict[str, Any]) -> str:
     may be, and whether it holds."""
     value = ratio["ratio"]
     shown = "-" if value is None else f"{value:.2f}x"
+    spread = ratio.get("per_repeat")
+    if spread and spread.get("min") is not None:
+        shown += f" (per repeat {spread['min']:.2f}-{spread['max']:.2f}x)"
+    line = f"{ratio['numerator']} / {ratio['denominator']}: {shown}"
+    if ratio["at_least"] is None:
+        return line
     verdict = {True: "holds", False: "does NOT hold", None: "not measured"}[ratio["holds"]]
-    return (
-        f"{ratio['numerator']} / {ratio['denominator']}: {shown} "
-        f"(at least {ratio['at_least']:g}x: {verdict})"
-    )
+    return f"{line} (at least {ratio['at_least']:g}x: {verdict})"
 
 
 def describe_bound(bound: dict[str, Any]) -> str:

@@ -280,6 +280,17 @@ def _verdict(holds: bool | None) -> str:
     return {True: "yes", False: "**no**", None: "not measured"}[holds]
 
 
+def _ratio(ratio: dict[str, Any]) -> str:
+    """A ratio of medians, with the spread of the ratios of each repeat's pair of runs
+    when the results have it."""
+    if ratio["ratio"] is None:
+        return "-"
+    spread = ratio.get("per_repeat") or {}
+    if spread.get("min") is None:
+        return f"{ratio['ratio']:.2f}x"
+    return f"{ratio['ratio']:.2f}x ({spread['min']:.2f}-{spread['max']:.2f})"
+
+
 def enqueue_section(document: dict[str, Any]) -> list[str]:
     """Jobs/s per enqueue case (HTTP also requests/s and latency), then the ratios and
     bounds the producer path is held to, then what was not measured and why."""
@@ -315,9 +326,9 @@ def enqueue_section(document: dict[str, Any]) -> list[str]:
     checks = [
         [
             f"`{r['numerator']}` / `{r['denominator']}`",
-            "-" if r["ratio"] is None else f"{r['ratio']:.2f}x",
-            f"at least {r['at_least']:g}x",
-            _verdict(r["holds"]),
+            _ratio(r),
+            "reference" if r["at_least"] is None else f"at least {r['at_least']:g}x",
+            "-" if r["at_least"] is None else _verdict(r["holds"]),
         ]
         for r in summary.get("ratios", [])
     ]
@@ -365,6 +376,11 @@ def enqueue_section(document: dict[str, Any]) -> list[str]:
             ],
             rows,
         ),
+        "",
+        "A comparison is the ratio of the two cases' medians; in brackets, the lowest "
+        "and highest ratio of the two within one run (the cases of a run take turns, so "
+        "each pair ran minutes apart at most). The `-pool` cases take a connection from a "
+        "psycopg_pool pool per row: what the pool's checkout and return alone cost.",
         "",
         *table(["comparison (medians)", "value", "target", "holds"], checks),
         "",
