@@ -127,6 +127,7 @@ def test_bad_options_are_one_clear_line(database_url, schema, args):
 
 GC_PROBE = """
 import gc
+default = gc.get_threshold()[0]
 from pgqueue_api import create_app, create_app_from_env
 from pgqueue_api.settings import ApiSettings
 
@@ -134,7 +135,7 @@ before = (gc.get_threshold()[0], gc.get_freeze_count())
 create_app(ApiSettings(database_url="postgresql://nowhere/x"))
 embedded = (gc.get_threshold()[0], gc.get_freeze_count())
 create_app_from_env()
-print(before[0], embedded[0], embedded[1] == before[1], gc.get_threshold()[0], gc.get_freeze_count() > 0)
+print(default, before[0], embedded[0], embedded[1] == before[1], gc.get_threshold()[0], gc.get_freeze_count() > 0)
 """
 
 
@@ -148,4 +149,8 @@ def test_the_servers_app_factory_tunes_the_garbage_collector_and_create_app_does
         timeout=60,
         check=True,
     )
-    assert done.stdout.split() == ["700", "700", "True", str(GC_YOUNG_THRESHOLD), "True"]
+    # The interpreter's own threshold (700 up to Python 3.12, 2,000 from 3.13) until the
+    # server's factory runs: importing and create_app leave it alone.
+    default, *after = done.stdout.split()
+    assert default != str(GC_YOUNG_THRESHOLD)
+    assert after == [default, default, "True", str(GC_YOUNG_THRESHOLD), "True"]
