@@ -1,282 +1,375 @@
-"""Load on the HTTP API: POST /jobs and POST /jobs/batch against ``pgqueue-api --workers 2``.
+"""Load on the HTTP API: ``POST /jobs`` and ``POST /jobs/batch`` of ``pgqueue-api``,
+side by side with the minimal FastAPI app a team would write (:mod:`pgqueue_bench.minimal_api`).
 
-Starts the real ``pgqueue-api`` process on a loopback port against a fresh schema, then:
+Each round starts both apps in turn, each with the same uvicorn worker count
+(``--workers``, default 2) on a fresh schema, and loads each with ``wrk`` (a C load
+generator, so the client costs the machine little) for two phases:
 
-1. single: ``--clients`` concurrent clients (default 16), each sending one POST /jobs
-   at a time for ``--seconds``: requests per second and p50/p99 latency;
-2. batch: ``--batch-clients`` concurrent clients (default 4, two per API worker) sending
-   POST /jobs/batch with ``--batch-size`` jobs each (default 1,000) for ``--seconds``:
-   jobs per second.
+1. single: ``--connections`` connections (default 16) POSTing one job each request;
+2. batch: the same connections POSTing ``--batch-size`` jobs each request (default 100).
 
-Every request is checked (201, and the job count in the database must match what was
-acknowledged), so a fast wrong answer cannot pass for a fast answer. Results go to
-``results/api.json`` with the machine, PostgreSQL and package versions.
+pgqueue-api serves as it is deployed: a bearer token required, the body limit and strict
+JSON on. The rounds alternate which app goes first, so a slow patch of the machine falls
+on both; the ratios (pgqueue-api over the minimal app) and their spread over the rounds
+are the result. For each phase also the CPU each request cost the API's processes and
+the PostgreSQL server (backends, WAL writer and the rest), from their CPU times before
+and after. Every answer must be a 201, and the table must hold every job acknowledged.
+Results go to ``results/api.json``.
 
-    pgqueue bench api                      # DATABASE_URL, else the embedded server
-    pgqueue bench api --seconds 5 --runs 1 # a quick look
-
-``pgqueue bench enqueue`` drives the same endpoints with wrk for the most jobs per
-second; this measures each request's latency from clients of its own.
+    pgqueue bench api                        # DATABASE_URL, else the embedded server
+    pgqueue bench api --seconds 3 --rounds 1 # a quick look
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import json
 import os
-import time
-from dataclasses import dataclass, field
+import secrets
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import click
-import httpx
+import psutil
+from psycopg import sql
 
-from pgqueue_bench import database, environment, results
-from pgqueue_bench.apiserver import api_process
+from pgqueue_bench import database, environment, minimal_api, results
+from pgqueue_bench.apiserver import RunningApi, api_server, minimal_api_server
+from pgqueue_bench.enqueue_http import WRK_MARKER, WrkCounts, wrk_version
+from pgqueue_bench.enqueue_outcome import count_rows
 from pgqueue_bench.options import database_url_option, results_dir_option
+from pgqueue_bench.server_cpu import ServerCpu, processes_cpu_seconds, server_cpu_of
 
-JSON = {"content-type": "application/json"}
+PGQUEUE_API = "pgqueue-api"
+MINIMAL = "minimal"
+APPS = (MINIMAL, PGQUEUE_API)
+QUEUE = "bench"
+TASK = "echo"
+WRK_OVERHEAD_TIMEOUT = 60
 
 
 @dataclass(frozen=True)
 class Load:
-    """The shape of every run: API workers, clients, batch size, phase length."""
+    """The shape of every phase: API workers, wrk's connections and threads, jobs per
+    batch, seconds of warm-up and of measurement."""
 
     workers: int
-    clients: int
-    batch_clients: int
+    connections: int
+    threads: int
     batch_size: int
-    seconds: float
-    max_requests: int
+    warmup_seconds: int
+    seconds: int
 
 
 @dataclass
-class Phase:
-    """What one phase measured."""
+class Served:
+    """One app, answering: its process and the token it wants (None: none); once it
+    has stopped, the jobs its table holds."""
 
-    requests: int = 0
-    jobs: int = 0
-    seconds: float = 0.0
-    latencies: list[float] = field(default_factory=list)
-
-    def summary(self) -> dict[str, float | int]:
-        ordered = sorted(self.latencies)
-        return {
-            "requests": self.requests,
-            "jobs": self.jobs,
-            "seconds": round(self.seconds, 3),
-            "requests_per_second": round(self.requests / self.seconds, 1),
-            "jobs_per_second": round(self.jobs / self.seconds, 1),
-            "latency_p50_ms": round(_percentile(ordered, 50) * 1000, 2),
-            "latency_p99_ms": round(_percentile(ordered, 99) * 1000, 2),
-        }
+    running: RunningApi
+    token: str | None
+    stored_jobs: int | None = None
 
 
-def _percentile(ordered: list[float], percent: float) -> float:
-    if not ordered:
-        return float("nan")
-    index = min(len(ordered) - 1, max(0, round(percent / 100 * len(ordered)) - 1))
-    return ordered[index]
+def run_wrk(
+    port: int, path: str, body: Path, load: Load, seconds: int, token: str | None
+) -> WrkCounts:
+    """One wrk run of ``wrk_post.lua`` against ``path``; what the script counted."""
+    wrk = shutil.which("wrk")
+    if wrk is None:
+        raise click.ClickException("wrk is not installed (apt-get install wrk)")
+    with resources.as_file(resources.files("pgqueue_bench").joinpath("wrk_post.lua")) as script:
+        command = [wrk, "--threads", str(load.threads), "--connections", str(load.connections)]
+        command += ["--duration", f"{seconds}s", "--timeout", "10s", "--script", str(script)]
+        command += [f"http://127.0.0.1:{port}{path}", "--", str(body)]
+        if token is not None:
+            command.append(token)
+        done = subprocess.run(
+            command, capture_output=True, text=True, timeout=seconds + WRK_OVERHEAD_TIMEOUT
+        )
+    lines = [line for line in done.stdout.splitlines() if line.startswith(WRK_MARKER)]
+    if done.returncode != 0 or not lines:
+        raise click.ClickException(
+            f"wrk exited {done.returncode}: {done.stderr.strip() or done.stdout}"
+        )
+    counted: WrkCounts = json.loads(lines[-1].removeprefix(WRK_MARKER))
+    return counted
 
 
-class HttpConnection:
-    """A minimal HTTP/1.1 keep-alive client connection.
-
-    httpx spends about a core on a few hundred requests a second, which on a 2-core
-    machine would measure the client rather than the API; this writes the request bytes
-    and reads the status line, headers and Content-Length body, and nothing else."""
-
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.reader = reader
-        self.writer = writer
-
-    @classmethod
-    async def open(cls, host: str, port: int) -> HttpConnection:
-        reader, writer = await asyncio.open_connection(host, port)
-        return cls(reader, writer)
-
-    async def post(self, head: bytes, body: bytes) -> tuple[int, bytes]:
-        self.writer.write(head + body)
-        await self.writer.drain()
-        header_block = await self.reader.readuntil(b"\r\n\r\n")
-        status_line, *header_lines = header_block.decode("latin-1").split("\r\n")
-        length = 0
-        for line in header_lines:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = int(value)
-        return int(status_line.split()[1]), await self.reader.readexactly(length)
-
-    def close(self) -> None:
-        self.writer.close()
+def app_cpu_seconds(pid: int) -> float:
+    """CPU seconds used so far by a uvicorn server: its supervisor and its workers."""
+    with contextlib.suppress(psutil.NoSuchProcess):
+        children = [child.pid for child in psutil.Process(pid).children(recursive=True)]
+        return processes_cpu_seconds([pid, *children])
+    return 0.0
 
 
-def _request_head(port: int, path: str, body: bytes) -> bytes:
-    return (
-        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
-    ).encode()
-
-
-async def _drive(
-    port: int,
-    path: str,
-    body: bytes,
-    jobs_per_request: int,
-    clients: int,
-    seconds: float,
-    max_requests: int,
-) -> Phase:
-    """``clients`` connections, each sending ``body`` to ``path`` one request at a time,
-    until the time or the request count runs out."""
-    phase = Phase()
-    head = _request_head(port, path, body)
-    connections = [await HttpConnection.open("127.0.0.1", port) for _ in range(clients)]
-
-    async def one_client(connection: HttpConnection) -> None:
-        while time.perf_counter() < stop and phase.requests < max_requests:
-            sent = time.perf_counter()
-            status, answer = await connection.post(head, body)
-            if status != 201:
-                raise SystemExit(f"{path} answered {status}: {answer[:500]!r}")
-            phase.latencies.append(time.perf_counter() - sent)
-            phase.requests += 1
-            phase.jobs += jobs_per_request
-
-    start = time.perf_counter()
-    stop = start + seconds
+@contextlib.contextmanager
+def serve(app: str, url: str, workers: int) -> Iterator[Served]:
+    """``app`` (:data:`PGQUEUE_API` or :data:`MINIMAL`) on a fresh schema, answering.
+    On the way out the app stops, which lets the requests in flight finish, and then
+    the jobs in its table are counted, before the schema goes."""
+    if app == PGQUEUE_API:
+        token = secrets.token_urlsafe(24)
+        with database.run_schema(url, "bench_api") as schema:
+            with api_server(url, schema, workers, tokens=[token]) as running:
+                served = Served(running, token)
+                yield served
+            served.stored_jobs = count_rows(url, sql.Identifier(schema, "jobs"))
+        return
+    schema = f"bench_minimal_{secrets.token_hex(4)}"
+    minimal_api.create_schema(url, schema)
     try:
-        await asyncio.gather(*(one_client(c) for c in connections))
+        with minimal_api_server(url, schema, workers) as running:
+            served = Served(running, None)
+            yield served
+        served.stored_jobs = count_rows(url, sql.Identifier(schema, "jobs"))
     finally:
-        for connection in connections:
-            connection.close()
-    phase.seconds = time.perf_counter() - start
-    return phase
+        minimal_api.drop_schema(url, schema)
 
 
-def _queued_jobs(port: int) -> int:
-    queues = httpx.get(f"http://127.0.0.1:{port}/queues", timeout=30).json()["queues"]
-    return sum(queue["counts"]["queued"] for queue in queues)
+def bodies(folder: Path, batch_size: int) -> dict[str, Path]:
+    """The request body of each phase, in files for wrk: both apps accept both."""
+    job = {"task": TASK, "payload": {"n": 1}, "queue": QUEUE}
+    batch = {
+        "jobs": [{"task": TASK, "payload": {"n": n}, "queue": QUEUE} for n in range(batch_size)]
+    }
+    files = {"single": folder / "single.json", "batch": folder / "batch.json"}
+    files["single"].write_text(json.dumps(job))
+    files["batch"].write_text(json.dumps(batch))
+    return files
 
 
-def run_once(url: str, args: Load) -> dict[str, Any]:
-    """One run on a fresh schema: warm up, then the single and batch phases."""
-    single_body = json.dumps({"task": "echo", "payload": {"n": 1}}).encode()
-    batch_body = json.dumps(
-        {"jobs": [{"task": "echo", "payload": {"n": i}} for i in range(args.batch_size)]}
-    ).encode()
-    with (
-        database.run_schema(url, "bench_api") as schema,
-        api_process(url, schema, args.workers) as port,
-    ):
-        warm = asyncio.run(_drive(port, "/jobs", single_body, 1, args.clients, 1.0, 500))
-        single = asyncio.run(
-            _drive(port, "/jobs", single_body, 1, args.clients, args.seconds, args.max_requests)
+def measure_phase(
+    served: Served, server_cpu: ServerCpu | None, path: str, body: Path, jobs: int, load: Load
+) -> tuple[dict[str, Any], int]:
+    """A warm-up, then the measured wrk run, with the CPU the app's processes and the
+    server spent in it; the phase's figures, and the jobs acknowledged (warm-up too)."""
+    port, token = served.running.port, served.token
+    warm = run_wrk(port, path, body, load, load.warmup_seconds, token)
+    app_before = app_cpu_seconds(served.running.pid)
+    server_before = server_cpu() if server_cpu is not None else None
+    counted = run_wrk(port, path, body, load, load.seconds, token)
+    app_spent = app_cpu_seconds(served.running.pid) - app_before
+    server_spent = (
+        server_cpu() - server_before
+        if server_cpu is not None and server_before is not None
+        else None
+    )
+    failures = {
+        f"{name} {kind}": number
+        for name, run in (("warm-up", warm), ("measured", counted))
+        for kind, number in run["errors"].items()
+        if number
+    }
+    if failures:
+        raise click.ClickException(f"{path}: wrk saw errors: {failures}")
+    seconds = counted["duration_us"] / 1e6
+    requests = counted["requests"]
+    figures = {
+        "requests": requests,
+        "seconds": round(seconds, 3),
+        "requests_per_second": round(requests / seconds, 1),
+        "jobs_per_second": round(requests * jobs / seconds, 1),
+        "latency_p50_ms": round(counted["latency_us"]["p50"] / 1000, 2),
+        "latency_p99_ms": round(counted["latency_us"]["p99"] / 1000, 2),
+        # CPU milliseconds per request: where the time goes, which a rate alone
+        # (disturbed by whatever else the machine does) does not say.
+        "app_cpu_ms_per_request": round(app_spent * 1000 / requests, 4),
+        "postgres_cpu_ms_per_request": (
+            None if server_spent is None else round(server_spent * 1000 / requests, 4)
+        ),
+    }
+    return figures, (warm["requests"] + requests) * jobs
+
+
+def run_app(app: str, url: str, load: Load, files: dict[str, Path]) -> dict[str, Any]:
+    """Both phases against ``app`` on a fresh schema, verified against its table."""
+    server_cpu = server_cpu_of(url)
+    with serve(app, url, load.workers) as served:
+        single, single_jobs = measure_phase(served, server_cpu, "/jobs", files["single"], 1, load)
+        batch, batch_jobs = measure_phase(
+            served, server_cpu, "/jobs/batch", files["batch"], load.batch_size, load
         )
-        batch = asyncio.run(
-            _drive(
-                port,
-                "/jobs/batch",
-                batch_body,
-                args.batch_size,
-                args.batch_clients,
-                args.seconds,
-                args.max_requests,
-            )
+    stored = served.stored_jobs
+    assert stored is not None  # counted once the app stopped
+    acknowledged = single_jobs + batch_jobs
+    # Each wrk run (a warm-up and a measured run per phase) stops with up to one request
+    # per connection unanswered, which may still commit.
+    in_flight = 2 * load.connections * (1 + load.batch_size)
+    if not acknowledged <= stored <= acknowledged + in_flight:
+        raise click.ClickException(
+            f"{app} acknowledged {acknowledged} jobs but its table holds {stored}"
         )
-        stored = _queued_jobs(port)
-    expected = warm.jobs + single.jobs + batch.jobs
-    if stored != expected:
-        raise SystemExit(f"the API acknowledged {expected} jobs but the database holds {stored}")
-    single_summary, batch_summary = single.summary(), batch.summary()
+    return {"app": app, "single": single, "batch": batch, "stored_jobs": stored}
+
+
+def ratios(pgqueue: dict[str, Any], minimal: dict[str, Any]) -> dict[str, float]:
+    """pgqueue-api's figures over the minimal app's, from one round."""
     return {
-        # Other work on the machine shows up here: these figures are only as quiet as it was.
-        "load_average_1m": round(os.getloadavg()[0], 2),
-        "single": single_summary,
-        "batch": batch_summary,
-        "batch_to_single_ratio": round(
-            batch_summary["jobs_per_second"] / single_summary["requests_per_second"], 1
+        "single_requests_per_second": round(
+            pgqueue["single"]["requests_per_second"] / minimal["single"]["requests_per_second"], 3
+        ),
+        "batch_jobs_per_second": round(
+            pgqueue["batch"]["jobs_per_second"] / minimal["batch"]["jobs_per_second"], 3
         ),
     }
 
 
+FIGURES = (
+    "requests_per_second",
+    "jobs_per_second",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "app_cpu_ms_per_request",
+    "postgres_cpu_ms_per_request",
+)
+
+
+def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per app and phase, the spread of every figure over the rounds; and the ratios'."""
+    summary: dict[str, Any] = {
+        app: {
+            phase: {
+                figure: results.spread(r["apps"][app][phase][figure] for r in rounds)
+                for figure in FIGURES
+            }
+            for phase in ("single", "batch")
+        }
+        for app in APPS
+    }
+    summary["ratio"] = {
+        name: results.spread(r["ratio"][name] for r in rounds)
+        for name in ("single_requests_per_second", "batch_jobs_per_second")
+    }
+    return summary
+
+
 @click.command("api")
 @click.option(
-    "--workers", type=int, default=2, show_default=True, help="pgqueue-api worker processes."
-)
-@click.option(
-    "--clients", type=int, default=16, show_default=True, help="Concurrent single-POST clients."
-)
-@click.option(
-    "--batch-clients",
-    type=int,
-    default=4,
+    "--workers",
+    type=click.IntRange(1),
+    default=2,
     show_default=True,
-    help="Concurrent batch clients (two per API worker: one's insert overlaps the other's parsing).",
+    help="uvicorn workers of each app.",
 )
-@click.option("--batch-size", type=int, default=1000, show_default=True, help="Jobs per batch.")
 @click.option(
-    "--seconds", type=float, default=10.0, show_default=True, help="Length of each phase."
+    "--connections", type=click.IntRange(1), default=16, show_default=True, help="wrk connections."
 )
-@click.option("--max-requests", type=int, default=200_000, show_default=True, help="Cap per phase.")
 @click.option(
-    "--runs", type=int, default=3, show_default=True, help="Repeats, each on a fresh schema."
+    "--threads", type=click.IntRange(1), default=2, show_default=True, help="wrk threads."
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 1000),
+    default=100,
+    show_default=True,
+    help="Jobs per POST /jobs/batch.",
+)
+@click.option(
+    "--seconds", type=click.IntRange(1), default=10, show_default=True, help="Length of each phase."
+)
+@click.option(
+    "--warmup-seconds",
+    type=click.IntRange(1),
+    default=2,
+    show_default=True,
+    help="Warm-up before each phase.",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(1),
+    default=3,
+    show_default=True,
+    help="Rounds, each running both apps on fresh schemas, in alternating order.",
 )
 @database_url_option
 @results_dir_option
 def api_command(
     workers: int,
-    clients: int,
-    batch_clients: int,
+    connections: int,
+    threads: int,
     batch_size: int,
-    seconds: float,
-    max_requests: int,
-    runs: int,
+    seconds: int,
+    warmup_seconds: int,
+    rounds: int,
     database_url: str | None,
     results_dir: str | None,
 ) -> None:
-    """Requests per second and latency of POST /jobs, and jobs per second of POST
-    /jobs/batch, against pgqueue-api."""
-    args = Load(workers, clients, batch_clients, batch_size, seconds, max_requests)
+    """Requests per second, latency and CPU per request of POST /jobs and POST
+    /jobs/batch of pgqueue-api, side by side with a minimal FastAPI app."""
+    load = Load(workers, connections, threads, batch_size, warmup_seconds, seconds)
     target = database.resolve_target(database_url)
     done: list[dict[str, Any]] = []
-    for number in range(1, runs + 1):
-        run = run_once(target.url, args)
-        done.append(run)
-        single, batch = run["single"], run["batch"]
-        click.echo(
-            f"run {number}: POST /jobs {single['requests_per_second']:.0f} req/s "
-            f"(p50 {single['latency_p50_ms']:.1f} ms, p99 {single['latency_p99_ms']:.1f} ms); "
-            f"POST /jobs/batch {batch['jobs_per_second']:.0f} jobs/s "
-            f"(p50 {batch['latency_p50_ms']:.0f} ms per batch); "
-            f"ratio {run['batch_to_single_ratio']}x"
-        )
-    summary = {
-        "single_requests_per_second": results.spread(
-            r["single"]["requests_per_second"] for r in done
-        ),
-        "single_latency_p50_ms": results.spread(r["single"]["latency_p50_ms"] for r in done),
-        "single_latency_p99_ms": results.spread(r["single"]["latency_p99_ms"] for r in done),
-        "batch_jobs_per_second": results.spread(r["batch"]["jobs_per_second"] for r in done),
-        "batch_to_single_ratio": results.spread(r["batch_to_single_ratio"] for r in done),
-    }
+    with tempfile.TemporaryDirectory(prefix="pgqueue-api-bench-") as folder:
+        files = bodies(Path(folder), batch_size)
+        for number in range(1, rounds + 1):
+            order = APPS if number % 2 else APPS[::-1]
+            apps = {app: run_app(app, target.url, load, files) for app in order}
+            ratio = ratios(apps[PGQUEUE_API], apps[MINIMAL])
+            done.append(
+                {
+                    "round": number,
+                    "order": list(order),
+                    # Other work on the machine shows up here.
+                    "load_average_1m": round(os.getloadavg()[0], 2),
+                    "apps": apps,
+                    "ratio": ratio,
+                }
+            )
+            for app in APPS:
+                single, batch = apps[app]["single"], apps[app]["batch"]
+                click.echo(
+                    f"round {number} {app:>11}: POST /jobs {single['requests_per_second']:,.0f} "
+                    f"req/s (p99 {single['latency_p99_ms']:.1f} ms, "
+                    f"{single['app_cpu_ms_per_request']:.3f} ms app CPU, "
+                    f"{single['postgres_cpu_ms_per_request'] or 0:.3f} ms PostgreSQL CPU); "
+                    f"POST /jobs/batch {batch['jobs_per_second']:,.0f} jobs/s"
+                )
+            click.echo(
+                f"round {number} ratio: POST /jobs {ratio['single_requests_per_second']:.2f}x, "
+                f"POST /jobs/batch {ratio['batch_jobs_per_second']:.2f}x"
+            )
+    summary = summarise(done)
     results.record(
         "api",
         environment.describe(
-            target.url, target.server, "pgqueue-api", "fastapi", "uvicorn", "httpx"
+            target.url,
+            target.server,
+            "pgqueue-api",
+            "fastapi",
+            "starlette",
+            "pydantic",
+            "uvicorn",
+            wrk=wrk_version(shutil.which("wrk")),
         ),
         parameters={
-            "api_workers": args.workers,
-            "single_clients": args.clients,
-            "batch_clients": args.batch_clients,
-            "batch_size": args.batch_size,
-            "seconds_per_phase": args.seconds,
-            "max_requests_per_phase": args.max_requests,
-            "client": "asyncio HTTP/1.1 keep-alive connections, one process, same machine",
+            "api_workers": load.workers,
+            "wrk_connections": load.connections,
+            "wrk_threads": load.threads,
+            "batch_size": load.batch_size,
+            "seconds_per_phase": load.seconds,
+            "warmup_seconds": load.warmup_seconds,
+            "rounds": rounds,
+            "pgqueue_api": "a bearer token required, body limit and strict JSON on, "
+            "default pool size",
+            "minimal": "pgqueue_bench.minimal_api: one pydantic model, an async pool of "
+            f"{minimal_api.POOL_SIZE} autocommit connections, one prepared INSERT ... RETURNING",
         },
         runs=done,
         summary=summary,
         directory=results_dir,
     )
-    ratio = summary["batch_to_single_ratio"]["median"]
-    click.echo(f"median batch/single ratio {ratio}x (target: at least 20x)")
+    single = summary["ratio"]["single_requests_per_second"]
+    batch = summary["ratio"]["batch_jobs_per_second"]
+    click.echo(
+        f"pgqueue-api / minimal app: POST /jobs {single['median']:.2f}x "
+        f"({single['min']:.2f}-{single['max']:.2f}), POST /jobs/batch {batch['median']:.2f}x "
+        f"({batch['min']:.2f}-{batch['max']:.2f})"
+    )

@@ -10,7 +10,8 @@ benchmarks' documents hold ``runs``; the fault scenarios' (``results/faults.json
 hold, per PostgreSQL major version, one entry per scenario.
 
 The sections themselves: :mod:`~pgqueue_bench.report_benchmarks` (the speed
-benchmarks), :mod:`~pgqueue_bench.report_flow` (fairness among tenants, the drain with
+benchmarks), :mod:`~pgqueue_bench.report_api` (the HTTP API beside a minimal app),
+:mod:`~pgqueue_bench.report_flow` (fairness among tenants, the drain with
 partition keys), :mod:`~pgqueue_bench.report_durability` (crash, restart, effects, faults,
 model) and :mod:`~pgqueue_bench.report_soak`, built from
 :mod:`~pgqueue_bench.report_tables`.
@@ -26,6 +27,7 @@ import click
 
 from pgqueue_bench import cli_reference, results
 from pgqueue_bench.options import results_dir_option
+from pgqueue_bench.report_api import api_section
 from pgqueue_bench.report_benchmarks import (
     baseline_section,
     controls_section,
@@ -65,6 +67,7 @@ SECTIONS = {
     "peers_partitions": partitions_section,
     "fairness": fairness_section,
     "enqueue": enqueue_section,
+    "api": api_section,
     "crash": crash_section,
     "restart": restart_section,
     "effects": effects_section,

@@ -1,8 +1,9 @@
--- wrk script of the enqueue driver (pgqueue bench enqueue): every request POSTs the
--- JSON body in the file named by the script's first argument, and at the end one line
--- starting "wrk-json " carries what wrk counted, for the driver to read.
+-- wrk script of the enqueue and api drivers (pgqueue bench enqueue, pgqueue bench api):
+-- every request POSTs the JSON body in the file named by the script's first argument,
+-- with the bearer token of the second if there is one, and at the end one line starting
+-- "wrk-json " carries what wrk counted, for the driver to read.
 --
---   wrk --script wrk_post.lua http://127.0.0.1:PORT/jobs -- body.json
+--   wrk --script wrk_post.lua http://127.0.0.1:PORT/jobs -- body.json [TOKEN]
 
 function init(args)
    local file = assert(io.open(args[1], "rb"))
@@ -10,6 +11,9 @@ function init(args)
    wrk.body = file:read("*a")
    file:close()
    wrk.headers["Content-Type"] = "application/json"
+   if args[2] then
+      wrk.headers["Authorization"] = "Bearer " .. args[2]
+   end
 end
 
 function done(summary, latency, requests)
