@@ -28,6 +28,7 @@ from pgqueue_api.routes_queues import router as queue_control_router
 from pgqueue_api.routes_schedules import router as schedules_router
 from pgqueue_api.routes_workers import router as workers_router
 from pgqueue_api.settings import ApiSettings
+from pgqueue_api.single_enqueue import SingleEnqueueMiddleware
 
 log = logging.getLogger("pgqueue.api")
 
@@ -134,7 +135,9 @@ def create_app(settings: ApiSettings, *, queue: Queue | None = None) -> FastAPI:
         install_ui(app)
         public_prefixes += PUBLIC_PREFIXES
 
-    # Added innermost first: authentication runs before the body is even read.
+    # Added innermost first: authentication runs before the body is even read, and the
+    # common POST /jobs is served once both have passed it.
+    app.add_middleware(SingleEnqueueMiddleware, state=app.state)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     if settings.auth_required:
         public = {*DOCS_PATHS, "/healthz"}

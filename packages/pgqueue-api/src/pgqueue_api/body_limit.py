@@ -45,17 +45,7 @@ class BodyLimitMiddleware:
             if not message.get("more_body", False):
                 break
 
-        body = b"".join(chunks)
-        replayed = False
-
-        async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
-
-        await self.app(scope, replay, send)
+        await self.app(scope, replay_body(b"".join(chunks), receive), send)
 
     async def _too_large(self, scope: Scope, receive: Receive, send: Send) -> None:
         # No "Connection: close": closing with the client's bytes still unread makes the
@@ -63,6 +53,21 @@ class BodyLimitMiddleware:
         # The server discards the rest of the body instead, until its keep-alive timeout.
         response = error_response(413, f"request body is larger than {self.max_bytes} bytes")
         await response(scope, receive, send)
+
+
+def replay_body(body: bytes, receive: Receive) -> Receive:
+    """A ``receive`` that gives the app ``body`` whole, once, then waits on the
+    client's (for its disconnect)."""
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def _content_length(scope: Scope) -> int | None:

@@ -25,6 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from pgqueue import (
     AsyncProducer,
     BatchItem,
+    EnqueueResult,
     IdempotencyConflict,
     JobSpec,
     Queue,
@@ -217,6 +218,12 @@ async def enqueue_job(job: JobCreate, queue: QueueDep, request: Request) -> Resp
         raise _unknown_dependencies(exc, "depends_on") from None
     except IdempotencyConflict as exc:
         return conflict_response(exc, in_batch=False)
+    return enqueued_response(outcome)
+
+
+def enqueued_response(outcome: EnqueueResult) -> Response:
+    """The answer of ``POST /jobs`` for an enqueue's ``outcome``: the job, with 201 if it
+    was created, 200 if an idempotency or unique key found it."""
     note_job(outcome.job.id)
     return json_response(job_body(outcome.job), 201 if outcome.created else 200)
 
