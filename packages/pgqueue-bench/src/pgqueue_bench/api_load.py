@@ -210,18 +210,36 @@ def run_app(app: str, url: str, load: Load, files: dict[str, Path]) -> dict[str,
     return {"app": app, "single": single, "batch": batch, "stored_jobs": stored}
 
 
-def ratios(pgqueue: dict[str, Any], minimal: dict[str, Any]) -> dict[str, float]:
-    """pgqueue-api's figures over the minimal app's, from one round."""
+def ratios(pgqueue: dict[str, Any], minimal: dict[str, Any]) -> dict[str, float | None]:
+    """pgqueue-api's figures over the minimal app's, from one round: the rates, and the
+    CPU per request of the app and PostgreSQL together (None when the server's CPU
+    cannot be read), which other work on the machine disturbs far less than a rate."""
+
+    def cpu(app: dict[str, Any], phase: str) -> float | None:
+        server = app[phase]["postgres_cpu_ms_per_request"]
+        return None if server is None else app[phase]["app_cpu_ms_per_request"] + server
+
+    def over(numerator: float | None, denominator: float | None) -> float | None:
+        return None if numerator is None or not denominator else round(numerator / denominator, 3)
+
     return {
-        "single_requests_per_second": round(
-            pgqueue["single"]["requests_per_second"] / minimal["single"]["requests_per_second"], 3
+        "single_requests_per_second": over(
+            pgqueue["single"]["requests_per_second"], minimal["single"]["requests_per_second"]
         ),
-        "batch_jobs_per_second": round(
-            pgqueue["batch"]["jobs_per_second"] / minimal["batch"]["jobs_per_second"], 3
+        "batch_jobs_per_second": over(
+            pgqueue["batch"]["jobs_per_second"], minimal["batch"]["jobs_per_second"]
         ),
+        "single_cpu_per_request": over(cpu(pgqueue, "single"), cpu(minimal, "single")),
+        "batch_cpu_per_request": over(cpu(pgqueue, "batch"), cpu(minimal, "batch")),
     }
 
 
+RATIOS = (
+    "single_requests_per_second",
+    "batch_jobs_per_second",
+    "single_cpu_per_request",
+    "batch_cpu_per_request",
+)
 FIGURES = (
     "requests_per_second",
     "jobs_per_second",
@@ -244,10 +262,7 @@ def summarise(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         }
         for app in APPS
     }
-    summary["ratio"] = {
-        name: results.spread(r["ratio"][name] for r in rounds)
-        for name in ("single_requests_per_second", "batch_jobs_per_second")
-    }
+    summary["ratio"] = {name: results.spread(r["ratio"][name] for r in rounds) for name in RATIOS}
     return summary
 
 
@@ -333,8 +348,10 @@ def api_command(
                     f"POST /jobs/batch {batch['jobs_per_second']:,.0f} jobs/s"
                 )
             click.echo(
-                f"round {number} ratio: POST /jobs {ratio['single_requests_per_second']:.2f}x, "
-                f"POST /jobs/batch {ratio['batch_jobs_per_second']:.2f}x"
+                f"round {number} ratio: POST /jobs {ratio['single_requests_per_second']}x "
+                f"(CPU per request {ratio['single_cpu_per_request']}x), "
+                f"POST /jobs/batch {ratio['batch_jobs_per_second']}x "
+                f"(CPU per request {ratio['batch_cpu_per_request']}x)"
             )
     summary = summarise(done)
     results.record(

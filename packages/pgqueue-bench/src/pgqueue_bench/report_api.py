@@ -64,6 +64,35 @@ def api_section(document: dict[str, Any]) -> list[str]:
         "`pgqueue-api` over the minimal app, per round: `POST /jobs` "
         f"{_ratio(single)}, `POST /jobs/batch` {_ratio(batch)}.",
         "",
+        *_cpu_ratios(ratio),
+        *_machine_load(rounds),
+    ]
+
+
+def _machine_load(rounds: list[dict[str, Any]]) -> list[str]:
+    """How busy the machine was: other work slows both apps, never the same in each."""
+    loads = [r["load_average_1m"] for r in rounds if r.get("load_average_1m") is not None]
+    if not loads:
+        return []
+    return [
+        f"Load average (1 min) after each round: {min(loads):g} to {max(loads):g}; other "
+        "work on the machine moves each app's rate from one phase to the next, which the "
+        "spread of the ratios shows.",
+        "",
+    ]
+
+
+def _cpu_ratios(ratio: dict[str, Any]) -> list[str]:
+    """The ratios of CPU per request, which other work on a shared machine disturbs far
+    less than the rates; none in documents written before they were recorded."""
+    single, batch = ratio.get("single_cpu_per_request"), ratio.get("batch_cpu_per_request")
+    if single is None or batch is None:
+        return []
+    return [
+        "CPU per request (the app's and PostgreSQL's together), `pgqueue-api` over the "
+        f"minimal app: `POST /jobs` {_ratio(single)}, `POST /jobs/batch` {_ratio(batch)} "
+        "(below 1: `pgqueue-api` spends less).",
+        "",
     ]
 
 
