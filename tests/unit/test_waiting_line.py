@@ -140,10 +140,14 @@ def test_a_claim_is_crowded_when_one_key_took_most_of_it_beside_other_keys() -> 
 
     assert one_key_crowds_others_out(claim(["big"] * 9 + ["small"]))
     assert one_key_crowds_others_out(claim([None] * 6 + ["a", "a", "b", "b"]))
-    # Nobody else waits: one key, or none.
+    # Nobody else waits: one key, or none, from the start...
     assert not one_key_crowds_others_out(claim(["big"] * 10))
     assert not one_key_crowds_others_out(claim([None] * 10))
     assert not one_key_crowds_others_out([])
+    # ...but between a small tenant's jobs, a claim of the large one's only goes on
+    # topping up as the claims before it did.
+    assert one_key_crowds_others_out(claim(["big"] * 10), crowded_before=True)
+    assert not one_key_crowds_others_out(claim(["a", "b"] * 5), crowded_before=True)
     # Many keys, evenly: a drain, not a noisy neighbour.
     assert not one_key_crowds_others_out(claim(["a", "b", "c", "d"] * 5))
     assert not one_key_crowds_others_out(claim(["a"] * 5 + ["b"] * 5))

@@ -307,7 +307,7 @@ class ClaimLoop:
             claim.limit,
             claim.next_run_seconds,
             idle=self.busy == 0,
-            crowded=len(jobs) == claim.limit and one_key_crowds_others_out(jobs),
+            crowded=len(jobs) == claim.limit and one_key_crowds_others_out(jobs, kind.crowded),
         )
 
     def _sleep_seconds(self, now: float, stop_deadline: float | None) -> float:
@@ -328,13 +328,19 @@ class ClaimLoop:
         return max(0.0, wake_at - now)
 
 
-def one_key_crowds_others_out(jobs: list[Job]) -> bool:
+def one_key_crowds_others_out(jobs: list[Job], crowded_before: bool = False) -> bool:
     """Whether one partition key took more than half of a claim that also brought jobs
     of other keys (or without a key): a noisy neighbour's backlog, beside which the
     worker tops up often (see :meth:`~pgqueue_worker.slots.SlotKind.top_up_limit`).
-    A claim of one key only, or of none, is not: nobody else waits."""
-    first = jobs[0].partition_key if jobs else None
-    if all(job.partition_key == first for job in jobs):
+
+    A claim of one key only (or of none) says what the claims before it said
+    (``crowded_before``): between two jobs of a small tenant, the claims beside a large
+    one's backlog bring only its jobs, and the next small job must not wait for a
+    large claim again. A key alone from the start is not crowding anybody."""
+    if not jobs:
         return False
+    first = jobs[0].partition_key
+    if all(job.partition_key == first for job in jobs):
+        return crowded_before
     counts = Counter(job.partition_key for job in jobs)
     return max(counts.values()) * 2 > len(jobs)
