@@ -66,8 +66,7 @@ def test_a_stalled_worker_resumed_after_its_job_ran_again_writes_nothing(
     assert after.state is JobState.SUCCEEDED and after.result == done.result
     assert after.finished_at == done.finished_at
     for worker in (stalled, rescuer):
-        worker.signal(signal.SIGTERM)
-        assert worker.wait() == 0, worker.log()
+        assert worker.stop() == 0, worker.log()
     successes = [c for c in hook_calls(tmp_path) if c["hook"] == "on_success"]
     assert [(c["job_id"], c["pid"]) for c in successes] == [(job.id, rescuer.pid)]
 
@@ -87,9 +86,7 @@ def test_each_completed_job_runs_on_success_once_and_is_acked_once(
     for job in jobs:
         wait_until_state(queue, job.id, JobState.SUCCEEDED)
     for worker in workers:
-        worker.signal(signal.SIGTERM)
-    for worker in workers:
-        assert worker.wait() == 0, worker.log()
+        assert worker.stop() == 0, worker.log()
         assert "LeaseLost" not in worker.log() and "lost" not in worker.log(), worker.log()
     rows = app_rows(db, app_table)
     assert [(job_id, attempt) for job_id, attempt, _ in rows] == [(job.id, 1) for job in jobs]
@@ -133,5 +130,4 @@ def test_a_fenced_transaction_keeps_its_lease_extended_by_the_heartbeat(
     assert done.attempts == 1 and done.errors == []
     assert app_rows(db, app_table) == [(job.id, 1, holder.pid)]
     for worker in (holder, reaper):
-        worker.signal(signal.SIGTERM)
-        assert worker.wait() == 0, worker.log()
+        assert worker.stop() == 0, worker.log()

@@ -69,6 +69,16 @@ class WorkerProcess:
     def signal(self, sig: signal.Signals) -> None:
         self.process.send_signal(sig)
 
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM once the worker serves, then its exit status.
+
+        Until it logs that it serves, its handlers for SIGTERM may not be installed
+        yet and the signal's default action would kill it: a worker started beside
+        others can still be importing when they have done all the jobs."""
+        self.wait_for_log("serving queue", timeout)
+        self.signal(signal.SIGTERM)
+        return self.wait(timeout)
+
     def wait(self, timeout: float = 60.0) -> int:
         """Wait for the worker to exit; its exit status."""
         try:
