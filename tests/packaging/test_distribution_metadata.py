@@ -56,6 +56,17 @@ def test_sibling_dependencies_accept_exactly_the_compatible_releases(dist):
         assert any(r.name == "pgqueue-core" for r in siblings), dist.name
 
 
+def tested_pythons() -> set[str]:
+    """The Python versions CI runs the suite on: the noxfile's, and the newest one
+    that .ci/run forces for its second leg. The classifiers claim these and no other."""
+    noxfile = (ROOT / "noxfile.py").read_text()
+    default = re.search(r'^PYTHON = "(3\.\d+)"$', noxfile, re.MULTILINE)
+    assert default is not None
+    forced = re.findall(r"--force-python (3\.\d+)", (ROOT / ".ci" / "run").read_text())
+    assert forced, "the CI runs the suite on one Python only"
+    return {default[1], *forced}
+
+
 @pytest.mark.parametrize("dist", DISTRIBUTIONS, ids=ids())
 def test_every_distribution_has_a_readme_license_classifiers_and_links(dist):
     project = dist.project
@@ -66,7 +77,12 @@ def test_every_distribution_has_a_readme_license_classifiers_and_links(dist):
     # The license text ships in every wheel and sdist: each folder has the repo's copy.
     assert (dist.folder / "LICENSE").read_text() == (ROOT / "LICENSE").read_text()
     classifiers = project["classifiers"]
-    assert "Programming Language :: Python :: 3.11" in classifiers
+    versions = {
+        c.rpartition(" :: ")[2]
+        for c in classifiers
+        if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
+    }
+    assert versions == tested_pythons(), dist.name
     assert any(c.startswith("Development Status :: ") for c in classifiers)
     # PEP 639: the license is the SPDX expression above, never a classifier as well.
     assert not any(c.startswith("License :: ") for c in classifiers)
