@@ -10,7 +10,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from pgqueue_bench.processes import stop_processes
+from pgqueue_bench.infra.processes import stop_processes
 
 
 def pgqueue_command() -> list[str]:

@@ -22,7 +22,7 @@ from api_support import RunningApi
 from polling import wait_for
 
 from pgqueue import Job, JobSpec, Queue, WorkerProtocol
-from pgqueue_bench.wait import raw_get
+from pgqueue_bench.scenarios.wait import raw_get
 
 
 def connections_to(db: psycopg.Connection) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pgqueue_bench.crash import CrashScenario, run_crash
+from pgqueue_bench.scenarios.crash import CrashScenario, run_crash
 
 pytestmark = pytest.mark.slow
 

@@ -19,8 +19,8 @@ import fault_sql
 import pytest
 from fault_results import FaultResults
 
-from pgqueue_bench.binaries import Binaries, binaries_for
-from pgqueue_bench.servers import PrivateServer, quiet_pool_logs
+from pgqueue_bench.infra.binaries import Binaries, binaries_for
+from pgqueue_bench.infra.servers import PrivateServer, quiet_pool_logs
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -17,8 +17,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pgqueue_bench import environment, results
-from pgqueue_bench.binaries import Binaries
+from pgqueue_bench import results
+from pgqueue_bench.infra import environment
+from pgqueue_bench.infra.binaries import Binaries
 
 RESULTS_NAME = "faults"
 REPOSITORY_RESULTS = Path(__file__).resolve().parents[2] / "results"

@@ -7,7 +7,7 @@ A run's evidence comes from four places that do not depend on each other:
   refused is retried with the same idempotency keys until it is acknowledged);
 - the jobs table, read through :class:`pgqueue.Queue`;
 - an audit trail written by a trigger in the same transaction as every state change
-  (:mod:`pgqueue_bench.audit`), which holds each committed ack exactly once;
+  (:mod:`pgqueue_bench.verdict.audit`), which holds each committed ack exactly once;
 - the worker processes' local files: one line per handler invocation, and the JSON log
   line the worker writes for each ack it saw commit.
 
@@ -38,10 +38,10 @@ from serving import serve
 
 from pgqueue import DatabaseUnavailable, JobSpec, JobState, Queue, migrate
 from pgqueue_api import ApiSettings, create_app
-from pgqueue_bench import audit, deliveries, observe
-from pgqueue_bench.fleet import WorkerFleet, WorkerSettings
-from pgqueue_bench.producers import Producer, Send, send_via_queue
-from pgqueue_bench.producers import send_via_api as send_via_api  # the scenarios' import
+from pgqueue_bench.infra.fleet import WorkerFleet, WorkerSettings
+from pgqueue_bench.verdict import audit, deliveries, observe
+from pgqueue_bench.verdict.producers import Producer, Send, send_via_queue
+from pgqueue_bench.verdict.producers import send_via_api as send_via_api  # the scenarios' import
 
 HERE = Path(__file__).resolve().parent
 SCHEMA = "faults"

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pgqueue import Job, hookimpl
-from pgqueue_bench.deliveries import LazyInvocationLog
+from pgqueue_bench.verdict.deliveries import LazyInvocationLog
 
 RUN_DIR_VARIABLE = "PGQUEUE_FAULTS_RUN_DIR"
 WORK_TASK = "fault_work"
@@ -47,7 +47,7 @@ class InjectedFailure(Exception):
 
 def _record_invocation(job: Job) -> None:
     """One line per invocation, unbuffered: a SIGKILL loses no line (see
-    :class:`pgqueue_bench.deliveries.InvocationLog`)."""
+    :class:`pgqueue_bench.verdict.deliveries.InvocationLog`)."""
     _invocations.append(job.id, job.attempts, job.lease_token)
 
 

@@ -29,8 +29,8 @@ from typing import Any
 import psycopg
 from polling import wait_for
 
-from pgqueue_bench.binaries import Binaries
-from pgqueue_bench.servers import LOOPBACK, SUPERUSER, free_port
+from pgqueue_bench.infra.binaries import Binaries
+from pgqueue_bench.infra.servers import LOOPBACK, SUPERUSER, free_port
 
 PROGRAMS = ("etcd", "patroni", "patronictl")
 

@@ -24,7 +24,7 @@ from polling import wait_for
 
 from pgqueue import DatabaseUnavailable
 from pgqueue_api import ApiSettings
-from pgqueue_bench.disks import fill_disk, small_filesystem
+from pgqueue_bench.infra.disks import fill_disk, small_filesystem
 
 TMPFS_MB = 64
 DISK_FULL_SECONDS = 2.0

@@ -24,7 +24,7 @@ from fault_support import SCHEMA, FaultRun, database_now, send_via_api, serve_ap
 from polling import wait_for
 
 from pgqueue_api import ApiSettings
-from pgqueue_bench.servers import LOOPBACK, SUPERUSER
+from pgqueue_bench.infra.servers import LOOPBACK, SUPERUSER
 
 READ_ONLY_SECONDS = 2.0
 

@@ -24,7 +24,7 @@ from fault_support import SCHEMA, FaultRun, prepare_schema, send_via_api, serve_
 from pgqueue import JobSpec, JobState, Lease, LeaseLost, Queue, Waiter, WorkerProtocol
 from pgqueue.claiming import default_worker_id
 from pgqueue_api import ApiSettings
-from pgqueue_bench import audit
+from pgqueue_bench.verdict import audit
 
 INT_MAX = 2**31 - 1
 # PostgreSQL stores this; Python's json module gives up past about a thousand levels.

@@ -28,9 +28,9 @@ from polling import wait_for
 
 from pgqueue import JobState
 from pgqueue_api import ApiSettings
-from pgqueue_bench import netns
-from pgqueue_bench.proxy import FaultProxy
-from pgqueue_bench.servers import LOOPBACK, SUPERUSER
+from pgqueue_bench.infra import netns
+from pgqueue_bench.infra.proxy import FaultProxy
+from pgqueue_bench.infra.servers import LOOPBACK, SUPERUSER
 
 
 def _cut_while_holding(

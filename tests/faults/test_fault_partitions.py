@@ -25,7 +25,7 @@ from fault_tasks import PARTITION_TASK, SPANS_PREFIX
 from polling import wait_for
 
 from pgqueue import JobSpec, JobState
-from pgqueue_bench import deliveries
+from pgqueue_bench.verdict import deliveries
 
 
 def partition_jobs(prefix: str, per_key: dict[str, int], **payload: object) -> list[JobSpec]:

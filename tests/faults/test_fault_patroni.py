@@ -26,7 +26,7 @@ from fault_support import FaultRun, send_via_api, serve_api
 from patroni_cluster import PatroniCluster, PatroniUnavailable, PrimaryWatch, missing_programs
 
 from pgqueue_api import ApiSettings
-from pgqueue_bench.binaries import Binaries
+from pgqueue_bench.infra.binaries import Binaries
 
 # Scenario name in results/faults.json for each event.
 EVENTS = {

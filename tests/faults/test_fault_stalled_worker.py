@@ -23,7 +23,7 @@ from fault_support import SCHEMA, FaultRun, prepare_schema, work_jobs
 from polling import wait_for
 
 from pgqueue import JobState, LeaseLost, Queue, WorkerProtocol
-from pgqueue_bench import audit
+from pgqueue_bench.verdict import audit
 
 
 def test_a_worker_stalled_past_its_lease_cannot_overwrite_the_rescuers_outcome(

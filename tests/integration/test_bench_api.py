@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pgqueue_bench import minimal_api
-from pgqueue_bench.apiserver import minimal_api_server
-from pgqueue_bench.report_api import api_section
+from pgqueue_bench.infra.apiserver import minimal_api_server
+from pgqueue_bench.report.api import api_section
+from pgqueue_bench.scenarios.api import minimal_api
 
 pytestmark = pytest.mark.slow
 

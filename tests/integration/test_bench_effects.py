@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from pgqueue_bench.binaries import binaries_for
-from pgqueue_bench.effects import FAULT_KINDS
+from pgqueue_bench.infra.binaries import binaries_for
+from pgqueue_bench.scenarios.effects.driver import FAULT_KINDS
 
 pytestmark = pytest.mark.slow
 

@@ -18,13 +18,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from pgqueue_bench import (
-    enqueue,
-    enqueue_outcome,
-    enqueue_peers,
-    enqueue_producers,
-    server_cpu,
-)
+from pgqueue_bench.infra import server_cpu
+from pgqueue_bench.scenarios.enqueue import driver as enqueue
+from pgqueue_bench.scenarios.enqueue import outcome as enqueue_outcome
+from pgqueue_bench.scenarios.enqueue import peers as enqueue_peers
+from pgqueue_bench.scenarios.enqueue import producers as enqueue_producers
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from pgqueue_bench.binaries import binaries_for
+from pgqueue_bench.infra.binaries import binaries_for
 
 pytestmark = pytest.mark.slow
 
@@ -72,7 +72,11 @@ def test_the_default_drain_is_measured_against_the_batched_ceiling_round_by_roun
         assert run["verified"] and run["jobs"] == 400, run
         assert run["client_cpu_us_per_job"] > 0 and run["server_cpu_us_per_job"] > 0, run
     ceiling = runs[1]
-    assert ceiling["worker_arguments"] == ["python", "-m", "pgqueue_bench.batched_ceiling"]
+    assert ceiling["worker_arguments"] == [
+        "python",
+        "-m",
+        "pgqueue_bench.scenarios.throughput.batched_ceiling",
+    ]
     assert "100 jobs per claim" in document["parameters"]["modes"]["batched-ceiling"]
     # One ratio per round, each of that round's two runs.
     ratio = document["summary"]["default"]["2"]["ratio_to_batched-ceiling"]

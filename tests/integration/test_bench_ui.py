@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pgqueue_bench.ui import Loaded, pages
+from pgqueue_bench.scenarios.ui import Loaded, pages
 
 pytestmark = pytest.mark.slow
 

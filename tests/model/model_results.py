@@ -8,7 +8,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pgqueue_bench import environment, results
+from pgqueue_bench import results
+from pgqueue_bench.infra import environment
 
 RESULTS_NAME = "model"
 REPOSITORY_RESULTS = Path(__file__).resolve().parents[2] / "results"

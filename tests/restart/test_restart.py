@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pgqueue_bench.restart import RestartScenario, run_on_private_server
+from pgqueue_bench.scenarios.restart import RestartScenario, run_on_private_server
 
 pytestmark = pytest.mark.slow
 

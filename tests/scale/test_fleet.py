@@ -21,8 +21,8 @@ from polling import wait_for
 from processes import environment, start_worker, stop
 
 from pgqueue import JobSpec, JobState, Queue, migrate
-from pgqueue_bench.binaries import binaries_for
-from pgqueue_bench.servers import PrivateServer
+from pgqueue_bench.infra.binaries import binaries_for
+from pgqueue_bench.infra.servers import PrivateServer
 
 HERE = Path(__file__).resolve().parent
 WORKERS = 64

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from pgqueue_bench import netns
-from pgqueue_bench.binaries import binaries_for
+from pgqueue_bench.infra import netns
+from pgqueue_bench.infra.binaries import binaries_for
 
 pytestmark = pytest.mark.slow
 

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from pgqueue_bench.controls_summary import most_at_once, summarize
 from pgqueue_bench.peers import summary as peers_summary
+from pgqueue_bench.scenarios.controls.summary import most_at_once, summarize
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from pgqueue_bench import report
-from pgqueue_bench.throughput import ratios_by_round, summarize_runs
+from pgqueue_bench.report import pages as report
+from pgqueue_bench.scenarios.throughput.driver import ratios_by_round, summarize_runs
 
 
 def _run(repeat: int, mode: str, rate: float, *, verified: bool = True) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pgqueue_bench.ui import UiScenario, history_window, summarize
+from pgqueue_bench.scenarios.ui import UiScenario, history_window, summarize
 
 
 def test_the_summary_gives_each_pages_percentiles_and_the_worst_p99():

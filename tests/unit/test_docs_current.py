@@ -10,7 +10,8 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from pgqueue_bench import cli_reference, report
+from pgqueue_bench.report import cli_reference
+from pgqueue_bench.report import pages as report
 
 ROOT = Path(__file__).resolve().parents[2]
 

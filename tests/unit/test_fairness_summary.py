@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from pgqueue_bench import report
-from pgqueue_bench.fairness_summary import describe_target, summarize
+from pgqueue_bench.report import pages as report
+from pgqueue_bench.scenarios.fairness.summary import describe_target, summarize
 
 ENVIRONMENT = {
     "machine": {"cpu_count": 2, "cpu_model": "AMD EPYC", "memory_gib": 23.5, "python": "3.11.7"},

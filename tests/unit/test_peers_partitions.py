@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from pgqueue_bench import report
 from pgqueue_bench.peers.summary import keyed_targets, summarize
 from pgqueue_bench.peers.systems import described_settings, partition_variants
+from pgqueue_bench.report import pages as report
 
 ENVIRONMENT = {
     "machine": {"cpu_count": 2, "cpu_model": "AMD EPYC", "memory_gib": 23.5, "python": "3.11.7"},

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pgqueue_bench import report
+from pgqueue_bench.report import pages as report
 
 
 def _server_crash(**figures: Any) -> dict[str, Any]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pgqueue_bench import report
+from pgqueue_bench.report import pages as report
 
 
 def _spread(median: float, low: float, high: float) -> dict[str, float]:

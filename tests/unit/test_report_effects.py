@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from pgqueue import Job, JobState
-from pgqueue_bench import report
-from pgqueue_bench.effects import FAULT_KINDS, handler_figures, verdict
-from pgqueue_bench.report_durability import model_section
+from pgqueue_bench.report import pages as report
+from pgqueue_bench.report.durability import model_section
+from pgqueue_bench.scenarios.effects.driver import FAULT_KINDS, handler_figures, verdict
 
 NOW = datetime(2026, 12, 6, tzinfo=UTC)
 

@@ -10,7 +10,10 @@ from typing import Any
 
 import pytest
 
-from pgqueue_bench import enqueue, enqueue_settings, enqueue_summary, report
+from pgqueue_bench.report import pages as report
+from pgqueue_bench.scenarios.enqueue import driver as enqueue
+from pgqueue_bench.scenarios.enqueue import settings as enqueue_settings
+from pgqueue_bench.scenarios.enqueue import summary as enqueue_summary
 
 
 def _run(case: str, rate: float, *, verified: bool = True, **extra: Any) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from pgqueue_bench import report
+from pgqueue_bench.report import pages as report
 
 ENVIRONMENT = {
     "machine": {"cpu_count": 2, "cpu_model": "AMD EPYC", "memory_gib": 23.5, "python": "3.11.7"},

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pgqueue_bench import report
+from pgqueue_bench.report import pages as report
 
 
 def _document(passed: bool) -> dict[str, Any]:

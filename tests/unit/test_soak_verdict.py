@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from pgqueue_bench import audit, soak_verdict
-from pgqueue_bench.soak_verdict import Bounds
+from pgqueue_bench.scenarios.soak import verdict as soak_verdict
+from pgqueue_bench.scenarios.soak.verdict import Bounds
+from pgqueue_bench.verdict import audit
 
 HOUR = Bounds.for_minutes(60)
 SHORT = Bounds.for_minutes(3)

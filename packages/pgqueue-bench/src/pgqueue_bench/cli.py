@@ -4,23 +4,23 @@ from __future__ import annotations
 
 import click
 
-from pgqueue_bench.api_load import api_command
-from pgqueue_bench.controls import controls_command
-from pgqueue_bench.crash import crash_command
-from pgqueue_bench.effects import effects_command
-from pgqueue_bench.enqueue import enqueue_command
-from pgqueue_bench.fairness import fairness_command
-from pgqueue_bench.latency import latency_command
-from pgqueue_bench.plot import plot_command
-from pgqueue_bench.report import report_command
-from pgqueue_bench.restart import restart_command
-from pgqueue_bench.scale import scale_command
-from pgqueue_bench.search import search_command
-from pgqueue_bench.soak import soak_command
-from pgqueue_bench.throughput import throughput_command
-from pgqueue_bench.ui import ui_command
-from pgqueue_bench.unserved import unserved_command
-from pgqueue_bench.wait import wait_command
+from pgqueue_bench.charts.plot import plot_command
+from pgqueue_bench.report.pages import report_command
+from pgqueue_bench.scenarios.api.driver import api_command
+from pgqueue_bench.scenarios.controls.driver import controls_command
+from pgqueue_bench.scenarios.crash import crash_command
+from pgqueue_bench.scenarios.effects.driver import effects_command
+from pgqueue_bench.scenarios.enqueue.driver import enqueue_command
+from pgqueue_bench.scenarios.fairness.driver import fairness_command
+from pgqueue_bench.scenarios.latency import latency_command
+from pgqueue_bench.scenarios.restart import restart_command
+from pgqueue_bench.scenarios.scale.driver import scale_command
+from pgqueue_bench.scenarios.search import search_command
+from pgqueue_bench.scenarios.soak.driver import soak_command
+from pgqueue_bench.scenarios.throughput.driver import throughput_command
+from pgqueue_bench.scenarios.ui import ui_command
+from pgqueue_bench.scenarios.unserved import unserved_command
+from pgqueue_bench.scenarios.wait import wait_command
 
 
 @click.group("bench")

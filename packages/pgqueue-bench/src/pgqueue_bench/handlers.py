@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from pgqueue import Job, JobSpec
-from pgqueue_bench.deliveries import DeliveryRecorder, InvocationLog
+from pgqueue_bench.verdict.deliveries import DeliveryRecorder, InvocationLog
 
 NOOP_TASK = "bench_noop"
 SLEEP_TASK = "bench_sleep"

@@ -1,7 +1,7 @@
 """Writing and reading the JSON documents under ``results/``.
 
 Every document has the same top level: ``benchmark`` (its name), ``created_at``,
-``environment`` (see :mod:`pgqueue_bench.environment`), ``parameters``, then what the
+``environment`` (see :mod:`pgqueue_bench.infra.environment`), ``parameters``, then what the
 benchmark measured: for most, ``runs`` (one entry per repeat) and ``summary`` (the
 spread over the runs); for the soak, one long run's ``samples``, ``faults`` and
 ``verdict``.

@@ -73,7 +73,9 @@ import json
 import os
 from typing import Any
 
-from pgqueue_bench import database, environment, plot, results, server_cpu
+from pgqueue_bench import results
+from pgqueue_bench.charts import plot
+from pgqueue_bench.infra import database, environment, server_cpu
 from pgqueue_bench.peers.runs import latency_run, throughput_run
 from pgqueue_bench.peers.summary import keyed_targets, print_summary, summarize
 from pgqueue_bench.peers.systems import (

@@ -9,10 +9,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from pgqueue_bench import database, server_cpu
-from pgqueue_bench.latency import percentiles
+from pgqueue_bench.infra import database, server_cpu
 from pgqueue_bench.peers.systems import System
 from pgqueue_bench.peers.workers import Workers
+from pgqueue_bench.scenarios.latency import percentiles
 
 
 def verify(

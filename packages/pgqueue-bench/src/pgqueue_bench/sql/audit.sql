@@ -1,5 +1,5 @@
 -- The audit trail a run of the fault scenarios or of the soak is judged by
--- (pgqueue_bench.audit). It is no part of pgqueue: a test instrument installed on a run's
+-- (pgqueue_bench.verdict.audit). It is no part of pgqueue: a test instrument installed on a run's
 -- schema after `pgqueue migrate`.
 --
 -- Placeholders: {schema} is the quoted schema of the run. Parameters use psycopg's

@@ -1,4 +1,4 @@
--- Statements of the search driver (pgqueue_bench/search.py): its set-up, written
+-- Statements of the search driver (pgqueue_bench/scenarios/search.py): its set-up, written
 -- straight into the tables, since the jobs are what is searched, not how they came.
 
 -- name: search_indexes_drop

@@ -25,7 +25,7 @@ import peerlib
 
 from pgqueue import JobSpec, Queue, migrate
 from pgqueue.settings import DEFAULT_QUEUE
-from pgqueue_bench import observe
+from pgqueue_bench.verdict import observe
 
 # Per-job log lines off, as in the throughput driver: the peers log nothing per job
 # unless their users configure logging, so this compares queues, not log formatters.

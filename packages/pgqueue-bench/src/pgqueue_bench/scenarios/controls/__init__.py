@@ -1,0 +1,1 @@
+"""``pgqueue bench controls``: pause, resume, concurrency and rate limits obeyed by real workers."""

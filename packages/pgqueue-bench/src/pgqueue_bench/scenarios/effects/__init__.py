@@ -1,0 +1,1 @@
+"""``pgqueue bench effects``: side effects in the application's own tables under chaos."""

@@ -1,0 +1,1 @@
+"""``pgqueue bench fairness``: a noisy neighbour's backlog beside small tenants."""

@@ -1,0 +1,1 @@
+"""``pgqueue bench scale``: what a job costs with months of finished history kept."""

@@ -1,0 +1,1 @@
+"""``pgqueue bench soak``: an hour of chaos under a mixed, realistic workload."""
