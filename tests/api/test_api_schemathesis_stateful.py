@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
+import pytest
 import schemathesis
 from api_support import TOKEN
 from hypothesis import HealthCheck, settings
@@ -125,6 +126,7 @@ def start_afresh(database_url: str, schema: str, queue: Queue) -> None:
     )
 
 
+@pytest.mark.long
 def test_linked_request_sequences_get_answers_within_the_schema(
     start_api, queue: Queue, database_url: str, schema: str
 ):

@@ -18,7 +18,7 @@ from pgqueue_bench.infra.apiserver import minimal_api_server
 from pgqueue_bench.report.api import api_section
 from pgqueue_bench.scenarios.api import minimal_api
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 PGQUEUE = str(Path(sys.executable).parent / "pgqueue")

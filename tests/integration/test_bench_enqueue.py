@@ -24,7 +24,7 @@ from pgqueue_bench.scenarios.enqueue import outcome as enqueue_outcome
 from pgqueue_bench.scenarios.enqueue import peers as enqueue_peers
 from pgqueue_bench.scenarios.enqueue import producers as enqueue_producers
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 PGQUEUE = str(Path(sys.executable).parent / "pgqueue")

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 PGQUEUE = str(Path(sys.executable).parent / "pgqueue")

@@ -15,7 +15,7 @@ import pytest
 
 from pgqueue_bench.infra.binaries import binaries_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 PGQUEUE = str(Path(sys.executable).parent / "pgqueue")

@@ -12,7 +12,7 @@ import pytest
 
 from pgqueue_bench.scenarios.ui import Loaded, pages
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 REPO = Path(__file__).resolve().parents[2]
 PGQUEUE = str(Path(sys.executable).parent / "pgqueue")

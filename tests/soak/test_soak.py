@@ -1,6 +1,8 @@
 """The soak, three minutes of it: ``pgqueue bench soak`` as a user runs it, with a fault
 every 20-40 s, on a private cluster of the suite's PostgreSQL version (the embedded 18,
-or ``DATABASE_URL``'s), into a scratch folder (never over ``results/``).
+or ``DATABASE_URL``'s), into a scratch folder (never over ``results/``). One of the
+suite's long runs (marked ``long``): CI runs it on its PostgreSQL 18 leg, and its
+faults one by one on both versions in tests/faults.
 
 Three minutes cannot pin down a slope the way an hour does: the command judges a run
 this short by looser flatness bounds (it says so in the verdict's ``bounds.note``), and
@@ -22,7 +24,7 @@ import pytest
 from pgqueue_bench.infra import netns
 from pgqueue_bench.infra.binaries import binaries_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 MINUTES = 3
 SAMPLE_SECONDS = 5

@@ -17,7 +17,7 @@ from worker_support import WorkerProcess, worker_environment
 # As `pgqueue worker --help` documents.
 DATABASE_GAVE_UP_EXIT_CODE = 4
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 def unreachable_url() -> tuple[str, int]:
