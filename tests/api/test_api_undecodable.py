@@ -10,6 +10,7 @@ from typing import Any, NoReturn
 import httpx
 import psycopg
 import pytest
+from hostile_json import TOO_DEEP_ARRAYS
 from psycopg import sql
 
 from pgqueue import Queue, WorkerProtocol
@@ -17,7 +18,7 @@ from pgqueue import Queue, WorkerProtocol
 HUGE = '{"n": 1e5000}'  # printed as 5,001 digits, more than Python converts
 POISON = {
     "huge integer": HUGE,
-    "too deep": '{"deep": ' + "[" * 1500 + "]" * 1500 + "}",
+    "too deep": '{"deep": ' + TOO_DEEP_ARRAYS + "}",
     "past float range": '{"x": 1' + "0" * 400 + ".5}",  # Infinity, as a Python float
     # Python loads it; pydantic's encoder stops at 254 levels, pgqueue at 200.
     "deeper than pgqueue stores": '{"deep": ' + "[" * 300 + "]" * 300 + "}",

@@ -20,6 +20,7 @@ import fault_sql
 import psycopg
 import pytest
 from fault_support import SCHEMA, FaultRun, prepare_schema, send_via_api, serve_api, work_jobs
+from hostile_json import TOO_DEEP_ARRAYS as TOO_DEEP
 
 from pgqueue import JobSpec, JobState, Lease, LeaseLost, Queue, Waiter, WorkerProtocol
 from pgqueue.claiming import default_worker_id
@@ -27,8 +28,6 @@ from pgqueue_api import ApiSettings
 from pgqueue_bench.verdict import audit
 
 INT_MAX = 2**31 - 1
-# PostgreSQL stores this; Python's json module gives up past about a thousand levels.
-TOO_DEEP = "[" * 1500 + "]" * 1500
 
 
 def _raw_job(url: str, task: str, payload: str, *, attempts: int = 0, max_attempts: int = 3):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from hostile_json import TOO_DEEP_ARRAYS
 from psycopg import sql
 
 from pgqueue import JobState, Queue, WorkerProtocol
@@ -27,8 +28,8 @@ pytestmark = pytest.mark.timeout(120)
 POISON = {
     # Printed as 5,001 digits: "Exceeds the limit (4300 digits)".
     "huge integer": ('{"n": 1e5000}', "more than 4300 digits"),
-    # Deeper than Python's recursion limit.
-    "too deep": ('{"deep": ' + "[" * 1500 + "]" * 1500 + "}", "nested more deeply"),
+    # Deeper than Python's JSON decoder goes.
+    "too deep": ('{"deep": ' + TOO_DEEP_ARRAYS + "}", "nested more deeply"),
     # A float past its range, which Python would read as Infinity.
     "past float range": ('{"x": 1' + "0" * 400 + ".5}", "too large for a float"),
     # Python loads it, but pgqueue never stores one (nor could the API write it back).

@@ -56,7 +56,7 @@ def test_sibling_dependencies_accept_exactly_the_compatible_releases(dist):
         assert any(r.name == "pgqueue-core" for r in siblings), dist.name
 
 
-def tested_pythons() -> set[str]:
+def pythons_ci_runs() -> set[str]:
     """The Python versions CI runs the suite on: the noxfile's, and the newest one
     that .ci/run forces for its second leg. The classifiers claim these and no other."""
     noxfile = (ROOT / "noxfile.py").read_text()
@@ -82,7 +82,7 @@ def test_every_distribution_has_a_readme_license_classifiers_and_links(dist):
         for c in classifiers
         if re.fullmatch(r"Programming Language :: Python :: 3\.\d+", c)
     }
-    assert versions == tested_pythons(), dist.name
+    assert versions == pythons_ci_runs(), dist.name
     assert any(c.startswith("Development Status :: ") for c in classifiers)
     # PEP 639: the license is the SPDX expression above, never a classifier as well.
     assert not any(c.startswith("License :: ") for c in classifiers)

@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from hostile_json import TOO_DEEP_OBJECTS as TOO_DEEP
 from polling import wait_for
 from processes import pgqueue_command, stop
 from psycopg import sql
@@ -23,8 +24,6 @@ from pgqueue_api import ApiSettings, create_app
 
 pytestmark = pytest.mark.slow
 
-# Deeper than Python's JSON decoder goes; PostgreSQL stores it.
-TOO_DEEP = '{"a": ' * 5000 + "1" + "}" * 5000
 BAD_ROWS = {
     # name: (cron, timezone, payload as JSON text, the reason shown)
     "bad-zone": ("* * * * * *", "Mars/Olympus_Mons", "{}", "unknown time zone 'Mars/Olympus_Mons'"),
