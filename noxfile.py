@@ -52,10 +52,13 @@ def tests(session: nox.Session) -> None:
     install_repo(session)
     # The fault scenarios record their figures; those of this shorter run (a 10 s
     # deadlock hunt) go to a scratch folder, not over `nox -s faults`' in results/.
+    # One test process more than the cores: much of the suite's time is spent waiting on
+    # worker processes, servers and timers, so one process a core leaves them idle.
+    processes = str((os.cpu_count() or 1) + 1)
     session.run(
         "pytest",
         "-n",
-        "auto",
+        processes,
         *session.posargs,
         env={"PGQUEUE_RESULTS_DIR": session.create_tmp()},
     )
