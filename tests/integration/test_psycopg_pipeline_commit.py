@@ -1,10 +1,11 @@
 """The psycopg behaviour that pgqueue's pipelines work around, kept as a test.
 
 Inside ``with conn.pipeline():``, ``conn.commit()`` after a statement larger than the
-socket's buffers waits forever: psycopg sends a Sync, stops sending once the command
-queue is empty even though libpq's output buffer still holds part of the statement,
+socket's buffers can wait forever: psycopg sends a Sync, stops sending once the command
+queue is empty even though libpq's output buffer may still hold part of the statement,
 and waits for results the server cannot produce before it has the whole statement
-(docs/psycopg-pipeline-commit-hang.md). pgqueue sends its COMMIT as a statement
+(docs/psycopg-pipeline-commit-hang.md). Whether it does depends on how much libpq has
+flushed by then, so not every try hangs: 5 of 6 tries did on 2 cores. pgqueue sends its COMMIT as a statement
 instead (``pgqueue.queue_base.send_commit``), which the pipeline's exit flushes in full.
 
 If this test fails because the reproduction returned, the installed psycopg has fixed
@@ -22,6 +23,8 @@ import psycopg
 # Far more than any socket buffer: libpq cannot flush it in the few calls psycopg makes.
 SIZE = 64 * 1024 * 1024
 WAIT_SECONDS = 15
+# Tries of the reproduction before concluding that psycopg no longer hangs.
+HANG_TRIES = 4
 
 REPRODUCTION = """
 import sys, psycopg
@@ -47,12 +50,14 @@ def run(database_url: str, commit: str) -> subprocess.CompletedProcess[str] | No
         return None
 
 
-def test_commit_inside_a_pipeline_after_a_large_statement_never_returns(
-    database_url: str,
-) -> None:
-    assert run(database_url, "conn.commit()") is None, (
-        f"psycopg {psycopg.__version__} returned: commit() inside a pipeline no longer "
-        "hangs after a large statement"
+def test_commit_inside_a_pipeline_after_a_large_statement_can_hang(database_url: str) -> None:
+    # Tries until one hangs: a try that returns only means libpq had flushed enough.
+    for _ in range(HANG_TRIES):
+        if run(database_url, "conn.commit()") is None:
+            return
+    raise AssertionError(
+        f"psycopg {psycopg.__version__} returned {HANG_TRIES} times out of {HANG_TRIES}: "
+        "commit() inside a pipeline no longer hangs after a large statement"
     )
 
 
