@@ -101,36 +101,75 @@ def test_a_concurrency_limit_holds_when_many_claims_race(queue: Queue) -> None:
     assert running == 7
 
 
+class _TimedClaims:
+    """Claims from one queue and notes, by the test's clock, when each claim was sent
+    and when it returned: the server's bucket refills for time between those bounds, so
+    what the bucket may give is known however slow the machine is."""
+
+    def __init__(self, queue: Queue) -> None:
+        self.protocol = WorkerProtocol(queue)
+        self.sent: list[float] = []
+        self.returned: list[float] = []
+        self.counts: list[int] = []
+
+    def claim(self) -> int:
+        self.sent.append(time.monotonic())
+        count = len(self.protocol.claim(["default"], ["t"], limit=100))
+        self.returned.append(time.monotonic())
+        self.counts.append(count)
+        return count
+
+
 def test_a_rate_limit_is_a_token_bucket_of_a_tenth_of_a_second(queue: Queue) -> None:
-    protocol = WorkerProtocol(queue)
-    _enqueue(queue, 100)
-    queue.update_queue("default", rate_limit=50)  # 5 tokens at most, refilled 50/s
+    rate, bucket = 50, 5  # a tenth of a second's worth
+    claims = _TimedClaims(queue)
+    _enqueue(queue, 500)  # more than a slow machine's claims can take
+    queue.update_queue("default", rate_limit=rate)  # a new rate starts from an empty bucket
     time.sleep(0.3)
-    # Full after an idle spell: a burst of a tenth of a second's worth.
-    assert len(protocol.claim(["default"], ["t"], limit=100)) == 5
-    # Then one job per 1/50 s (the machine may be slow to ask again).
-    assert len(protocol.claim(["default"], ["t"], limit=100)) <= 2
+    # Full after an idle spell: a burst of a tenth of a second's worth, and no more.
+    assert claims.claim() == bucket
+    # Then the bucket holds only what it refilled since: at most one job per 1/50 s
+    # between the first claim's sending and the second's return.
+    second = claims.claim()
+    assert second <= min(bucket, math.floor(rate * (claims.returned[1] - claims.sent[0])))
     # A worker is told when the next whole job's worth is there (1/50 s at most).
-    protocol.claim(["default"], ["t"], limit=100)
-    wait = protocol.next_run_in(["default"], ["t"])
-    assert wait is not None and wait <= 0.02
-    started = time.monotonic()
-    claimed = 0
-    while time.monotonic() - started < 1.0:
-        claimed += len(protocol.claim(["default"], ["t"], limit=100))
+    claims.claim()
+    wait = claims.protocol.next_run_in(["default"], ["t"])
+    assert wait is not None and wait <= 1 / rate
+
+    first = len(claims.counts)
+    while claims.returned[-1] - claims.returned[first - 1] < 1.0:
+        claims.claim()
         time.sleep(0.01)
-    # 50 a second, and at most a bucket's worth more; fewer if the claims come late.
-    assert 30 <= claimed <= 57
+    claimed = sum(claims.counts[first:])
+    # At most the part of a job the last claim before the loop left in the bucket, plus
+    # 50 a second from that claim's sending to the loop's last return.
+    elapsed = claims.returned[-1] - claims.sent[first - 1]
+    assert claimed <= 1 + rate * elapsed
+    # At least what each gap between claims surely refilled: the gap is no shorter than
+    # from one claim's return to the next one's sending, and a full bucket counts as one
+    # job less (the part of a job it held before may be lost to the cap). Less the part
+    # of a job the last claim may leave in the bucket.
+    refilled = sum(
+        min(bucket - 1, rate * (claims.sent[i] - claims.returned[i - 1]))
+        for i in range(first, len(claims.counts))
+    )
+    assert claimed >= math.floor(refilled) - 1
 
 
 def test_a_slow_rate_still_starts_one_job_at_a_time(queue: Queue) -> None:
-    protocol = WorkerProtocol(queue)
+    claims = _TimedClaims(queue)
     _enqueue(queue, 3)
     queue.update_queue("default", rate_limit=2)  # a bucket of 1 job, one every 0.5 s
     time.sleep(0.55)
-    assert len(protocol.claim(["default"], ["t"], limit=10)) == 1
-    assert protocol.claim(["default"], ["t"], limit=10) == []
-    assert 0.3 < protocol.next_run_in(["default"], ["t"]) <= 0.5
+    assert claims.claim() == 1
+    # Asked again at once, nothing: unless half a second went by in between.
+    assert claims.claim() <= math.floor(2 * (claims.returned[1] - claims.sent[0]))
+    wait = claims.protocol.next_run_in(["default"], ["t"])
+    asked = time.monotonic()
+    # The next job is due half a second after the first claim, less the time gone since.
+    assert wait is not None
+    assert 0.5 - (asked - claims.sent[0]) <= wait <= 0.5
 
 
 def test_the_same_rate_given_again_keeps_its_bucket_and_a_new_one_empties_it(
