@@ -71,6 +71,29 @@ def test_enqueue_many_keeps_request_order_and_reports_duplicates(queue):
     assert [r.job.task for r in results] == ["a", "echo", "c", "d", "c"]
 
 
+def test_enqueue_many_returns_the_jobs_the_table_holds_in_input_order(queue):
+    # Whole and fractional seconds side by side, as callers write them.
+    moment = datetime(2031, 5, 1, 12, tzinfo=UTC)
+    specs = [
+        JobSpec("echo", {"i": 0, "text": "d\u00e9j\u00e0 \u2603"}, queue="mail", priority=3),
+        JobSpec("other", {"list": [1, 2.5, None, True]}, delay_seconds=60, tags=["b", "a"]),
+        JobSpec("echo", {"n": {}}, run_at=moment, max_attempts=9, timeout_seconds=2.5),
+        JobSpec("echo", {"i": 3}, partition_key="tenant-1", timeout_seconds=3),
+        JobSpec("echo", delay_seconds=0.5),
+    ]
+    results = queue.enqueue_many(specs)
+    assert all(result.created for result in results)
+    ids = [result.job.id for result in results]
+    assert ids == sorted(ids)
+    for spec, result in zip(specs, results, strict=True):
+        assert (result.job.task, result.job.payload) == (spec.task, spec.payload)
+        assert result.job == queue.get(result.job.id)
+    first, delayed, timed = (result.job for result in results[:3])
+    assert first.run_at == first.enqueued_at
+    assert delayed.run_at - delayed.enqueued_at == timedelta(seconds=60)
+    assert (timed.run_at, timed.max_attempts) == (moment, 9)
+
+
 def test_enqueue_many_inserts_thousands_in_one_statement(queue, schema, db):
     results = queue.enqueue_many(JobSpec("echo", {"i": i}) for i in range(5000))
     assert [r.job.payload["i"] for r in results] == list(range(5000))

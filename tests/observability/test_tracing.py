@@ -22,6 +22,7 @@ from psycopg import sql
 from serving import serve
 
 from pgqueue import JobSpec, JobState, Queue, WorkerProtocol, tracing
+from pgqueue.bulk import COPY_MIN_JOBS
 from pgqueue_api import ApiSettings, create_app
 from pgqueue_worker import Worker
 
@@ -124,6 +125,17 @@ def test_a_batch_is_one_producer_span_and_every_job_keeps_its_context(
     stored = stored_contexts(db, schema)
     assert {parent_of(stored[r.job.id]) for r in plain} == {traceparent(first)}
     assert {parent_of(stored[r.job.id]) for r in keyed} == {traceparent(second)}
+
+
+def test_the_jobs_a_traced_enqueue_returns_carry_the_context_the_table_holds(
+    spans: InMemorySpanExporter, queue: Queue
+):
+    one = queue.enqueue("echo", {"n": 1}).job
+    inserted = [r.job for r in queue.enqueue_many([JobSpec("echo"), JobSpec("other")])]
+    copied = [r.job for r in queue.enqueue_many(JobSpec("echo") for _ in range(COPY_MIN_JOBS))]
+    for job in [one, *inserted, copied[0], copied[-1]]:
+        assert job.trace_context is not None
+        assert job == queue.get(job.id)
 
 
 def test_an_enqueue_that_fails_records_it_on_its_span(spans: InMemorySpanExporter, queue: Queue):

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import psycopg
 
-from pgqueue import jsonb, queries
+from pgqueue import jsonb, queries, tracing
 from pgqueue.job import Job
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ def copy_jobs(
     copy_in = queries.bind("job_copy" if timed else "job_copy_runnable_now", schema)
     # As the table gives them back: the stored JSON texts, loaded in one parse.
     payloads = jsonb.load_json_texts([spec.payload_text for spec in specs])
+    traced = tracing.loaded_trace_context(trace_context)
     jobs = []
     with cur.copy(copy_in) as copy:
         # Each job is built as its row is written: psycopg sends the rows in blocks of
@@ -81,7 +82,9 @@ def copy_jobs(
                 spec.partition_key,
             )
             copy.write_row((*first, run_at, *rest) if timed else first + rest)
-            jobs.append(spec.queued_job(job_id, run_at, now, loaded_payload=payload))
+            jobs.append(
+                spec.queued_job(job_id, run_at, now, loaded_payload=payload, trace_context=traced)
+            )
     queues = sorted({spec.queue for spec in specs})
     cur.execute(queries.bind("queues_wake", schema), {"queues": queues})
     return jobs

@@ -144,10 +144,12 @@ class JobSpec:
         enqueued_at: datetime,
         *,
         loaded_payload: dict[str, Any] | None = None,
+        trace_context: dict[str, str] | None = None,
     ) -> Job:
         """The job this spec became, as the table holds it right after the insert that
-        gave it ``job_id`` and those times (the rest is the spec's). ``loaded_payload``
-        is :attr:`payload_text` already loaded, by a caller that loads many at once."""
+        gave it ``job_id`` and those times, with ``trace_context`` if the enqueue was
+        traced (the rest is the spec's). ``loaded_payload`` is :attr:`payload_text`
+        already loaded, by a caller that loads many at once."""
         if loaded_payload is None:
             # As the table gives it back: the stored JSON text, loaded.
             loaded_payload = jsonb.load_json(self.payload_text.encode())
@@ -169,6 +171,7 @@ class JobSpec:
         values["unique_key"] = self.unique_key
         values["tags"] = list(self.tags)
         values["partition_key"] = self.partition_key
+        values["trace_context"] = trace_context
         return Job.from_fields(values)
 
     def params(self) -> dict[str, Any]:
@@ -179,9 +182,13 @@ class JobSpec:
             "payload": self.payload_text,
             "priority": self.priority,
             "run_at": self.run_at,
-            "delay_seconds": self.delay_seconds or 0.0,
+            # Floats always: the statements over arrays send one list per column, and
+            # psycopg cannot send a list that mixes ints and floats.
+            "delay_seconds": float(self.delay_seconds or 0.0),
             "max_attempts": self.max_attempts,
-            "timeout_seconds": self.timeout_seconds,
+            "timeout_seconds": None
+            if self.timeout_seconds is None
+            else float(self.timeout_seconds),
             "idempotency_key": self.idempotency_key,
             "trace_context": None,  # JSON text, set by an enqueue that is traced
             # job_insert takes the list; the statements over arrays take JSON text (an

@@ -15,7 +15,7 @@ import psycopg.errors
 
 from pgqueue import bulk, dependencies, jsonb, keyed, tracing, validation
 from pgqueue.errors import DatabaseUnavailable, IdempotencyConflict
-from pgqueue.job import EnqueueResult, Job
+from pgqueue.job import EnqueueResult
 from pgqueue.job_spec import JobSpec
 from pgqueue.producer_connections import Borrowed
 from pgqueue.queue_base import UNAVAILABLE, QueueBase, describe_unavailable
@@ -104,9 +104,12 @@ class ProducerMethods(QueueBase):
                 params["trace_context"] = sent.trace_context
                 job_id, run_at, enqueued_at = self._insert_one(params, conn)
                 sent.created([job_id])
+            traced = tracing.loaded_trace_context(sent.trace_context)
+            job = spec.queued_job(job_id, run_at, enqueued_at, trace_context=traced)
         else:
             job_id, run_at, enqueued_at = self._insert_one(params, conn)
-        return EnqueueResult(spec.queued_job(job_id, run_at, enqueued_at), True)
+            job = spec.queued_job(job_id, run_at, enqueued_at)
+        return EnqueueResult(job, True)
 
     def _insert_one(
         self, params: dict[str, Any], conn: psycopg.Connection | None
@@ -213,14 +216,25 @@ class ProducerMethods(QueueBase):
         # one statement is its own transaction, as in enqueue.
         try:
             with nullcontext(conn) if conn is not None else self._autocommit() as c:
-                cur = jsonb.cursor(c)
+                # Tuples of the id and the times, on a plain cursor (see _insert_one).
+                cur = c.cursor()
                 cur.execute(self._sql("job_insert_many"), columns)
                 fetched = cur.fetchall()
         except UNAVAILABLE as exc:
             raise DatabaseUnavailable(describe_unavailable(exc)) from exc
         # Keyless rows always insert, in input order, so their ids follow it.
-        inserted = sorted((Job.from_row(row) for row in fetched), key=lambda j: j.id)
-        return EnqueueResult.all_created(inserted)
+        fetched.sort()
+        payloads = jsonb.load_json_texts([spec.payload_text for spec in specs])
+        traced = tracing.loaded_trace_context(trace_context)
+        jobs = [
+            spec.queued_job(
+                job_id, run_at, enqueued_at, loaded_payload=payload, trace_context=traced
+            )
+            for spec, (job_id, run_at, enqueued_at), payload in zip(
+                specs, fetched, payloads, strict=True
+            )
+        ]
+        return EnqueueResult.all_created(jobs)
 
     def _enqueue_keyed(
         self, specs: list[JobSpec], conn: psycopg.Connection | None, trace_context: str | None

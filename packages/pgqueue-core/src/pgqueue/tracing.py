@@ -106,6 +106,11 @@ class Sending:
             self.span.set_attribute("messaging.message.id", str(job_ids[0]))
 
 
+def loaded_trace_context(text: str | None) -> dict[str, str] | None:
+    """A :attr:`Sending.trace_context` as a job read back from the table holds it."""
+    return None if text is None else json.loads(text)
+
+
 @contextmanager
 def sending(queues: Sequence[str], tasks: Sequence[str]) -> Iterator[Sending]:
     """A ``PRODUCER`` span around the insert of jobs of ``tasks`` into ``queues`` (one

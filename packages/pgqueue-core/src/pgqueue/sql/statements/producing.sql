@@ -28,6 +28,8 @@ RETURNING id, run_at, enqueued_at, (
 -- Jobs without idempotency keys (the common case: no key to take first). Rows go in
 -- in request order, so ids follow it. Each job's tags come as a JSON array (NULL for
 -- none): an array of arrays must be rectangular, and one job's tags are not another's.
+-- As job_insert, only what the server decided comes back: the caller knows the rest,
+-- and a payload sent back would be sent, and decoded, twice.
 WITH inserted AS (
     INSERT INTO {schema}.active_jobs
         (queue, task, payload, priority, run_at, max_attempts, timeout_seconds,
@@ -46,7 +48,7 @@ WITH inserted AS (
                                max_attempts, timeout_seconds, trace_context, tags,
                                partition_key, position)
     ORDER BY position
-    RETURNING *
+    RETURNING id, run_at, enqueued_at, queue
 ),
 woken AS (
     -- Wakes the workers waiting on these queues (see queue_waiters in schema.sql): one
@@ -59,7 +61,7 @@ woken AS (
         WHERE waiter.queue = wanted.queue AND waiter.expires_at > now()
     )
 )
-SELECT * FROM inserted WHERE (SELECT count(*) FROM woken) >= 0;
+SELECT id, run_at, enqueued_at FROM inserted WHERE (SELECT count(*) FROM woken) >= 0;
 
 -- name: job_ids_reserve
 -- The first step of adding a large keyless batch by COPY (see pgqueue/bulk.py): the
