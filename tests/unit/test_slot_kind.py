@@ -95,33 +95,35 @@ def test_with_no_job_queued_it_waits_for_the_next_poll() -> None:
     assert kind.wake_times(retry_at=9.0, poll_interval=POLL) == [9.0]
 
 
-def test_a_crowded_kind_tops_up_every_few_milliseconds_whatever_room_there_is() -> None:
+def test_a_kind_beside_a_keyed_backlog_tops_up_every_few_milliseconds_whatever_room_there_is() -> (
+    None
+):
     kind = SlotKind("plain", ["t"], size=2)
     kind.started(1)
     kind.returned(0.01)  # 2 slots start 20 jobs within the horizon: 20 ahead
     kind.claiming(now=10.0)
-    kind.claimed(22, 22, None, POLL, now=10.0, crowded=True)
+    kind.claimed(22, 22, None, POLL, now=10.0, keyed_backlog=True)
     kind.started(22)
     for _ in range(3):
         kind.returned(0.01)
     # Room for 3 of the 20: no claim by the prefetch's rule...
     assert kind.claim_limit(prefetch=512) == 0
-    # ...but one key took most of the last claim beside others: a top-up once due.
+    # ...but the last claim was of a keyed backlog: a top-up once due.
     assert kind.top_up_limit(prefetch=512, now=10.0 + TOP_UP_SECONDS / 2) == 0
     assert kind.top_up_at(prefetch=512) == pytest.approx(10.0 + TOP_UP_SECONDS)
     assert kind.top_up_limit(prefetch=512, now=10.0 + TOP_UP_SECONDS) == 3
 
 
-def test_a_kind_is_crowded_only_after_a_full_claim_that_said_so() -> None:
+def test_a_kind_tops_up_only_after_a_full_claim_of_a_keyed_backlog() -> None:
     kind = SlotKind("plain", ["t"], size=2)
     kind.started(1)
     kind.returned(0.01)
-    kind.claimed(5, 22, None, POLL, now=1.0, crowded=True)  # short: nobody waits
-    assert not kind.crowded
+    kind.claimed(5, 22, None, POLL, now=1.0, keyed_backlog=True)  # short: nobody waits
+    assert not kind.keyed_backlog
     assert kind.top_up_limit(prefetch=512, now=5.0) == 0 and kind.top_up_at(512) is None
-    kind.claimed(22, 22, None, POLL, now=2.0, crowded=True)
-    assert kind.crowded
+    kind.claimed(22, 22, None, POLL, now=2.0, keyed_backlog=True)
+    assert kind.keyed_backlog
     kind.started(22)  # no room at all: no wake-up for a top-up either
     assert kind.top_up_at(prefetch=512) is None
     kind.claimed(22, 22, None, POLL, now=3.0)
-    assert not kind.crowded
+    assert not kind.keyed_backlog

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 import pytest
 
 from pgqueue import Job, JobState, Lease, TaskHandler
-from pgqueue_worker.claim_loop import one_key_crowds_others_out
+from pgqueue_worker.claim_loop import keyed_backlog
 from pgqueue_worker.executor import Attempt, Executor
 from pgqueue_worker.waiting_line import WaitingLine
 
@@ -134,20 +134,18 @@ def test_the_executors_slots_take_the_keys_in_turns() -> None:
     assert ran == [1, 2, 11, 3, 12, 4, 5, 6, 7, 8, 9, 10]
 
 
-def test_a_claim_is_crowded_when_one_key_took_most_of_it_beside_other_keys() -> None:
+def test_a_claim_is_of_a_keyed_backlog_when_any_job_has_a_key() -> None:
     def claim(keys: list[str | None]) -> list[Job]:
         return [_attempt(job_id, key).job for job_id, key in enumerate(keys, 1)]
 
-    assert one_key_crowds_others_out(claim(["big"] * 9 + ["small"]))
-    assert one_key_crowds_others_out(claim([None] * 6 + ["a", "a", "b", "b"]))
-    # Nobody else waits: one key, or none, from the start...
-    assert not one_key_crowds_others_out(claim(["big"] * 10))
-    assert not one_key_crowds_others_out(claim([None] * 10))
-    assert not one_key_crowds_others_out([])
-    # ...but between a small tenant's jobs, a claim of the large one's only goes on
-    # topping up as the claims before it did.
-    assert one_key_crowds_others_out(claim(["big"] * 10), crowded_before=True)
-    assert not one_key_crowds_others_out(claim(["a", "b"] * 5), crowded_before=True)
-    # Many keys, evenly: a drain, not a noisy neighbour.
-    assert not one_key_crowds_others_out(claim(["a", "b", "c", "d"] * 5))
-    assert not one_key_crowds_others_out(claim(["a"] * 5 + ["b"] * 5))
+    # One tenant's backlog alone: the next tenant's first job must not wait for it.
+    assert keyed_backlog(claim(["big"] * 10))
+    assert keyed_backlog(claim(["big"] * 9 + ["small"]))
+    assert keyed_backlog(claim(["big", "small"]))  # a top-up: one job per key
+    assert keyed_backlog(claim([None] * 6 + ["a", "a", "b", "b"]))
+    # Jobs without a key: no key to make way for, unless the claims before said so
+    # (between a small tenant's jobs beside a large keyless backlog).
+    assert not keyed_backlog(claim([None] * 10))
+    assert keyed_backlog(claim([None] * 10), before=True)
+    assert not keyed_backlog([])
+    assert not keyed_backlog([], before=True)

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import queue as queue_module
 import time
-from collections import Counter
 from typing import TYPE_CHECKING
 
 from pgqueue import DatabaseUnavailable, Job, WorkerProtocol, effects
@@ -307,7 +306,7 @@ class ClaimLoop:
             claim.limit,
             claim.next_run_seconds,
             idle=self.busy == 0,
-            crowded=len(jobs) == claim.limit and one_key_crowds_others_out(jobs, kind.crowded),
+            keyed_backlog=len(jobs) == claim.limit and keyed_backlog(jobs, kind.keyed_backlog),
         )
 
     def _sleep_seconds(self, now: float, stop_deadline: float | None) -> float:
@@ -328,19 +327,21 @@ class ClaimLoop:
         return max(0.0, wake_at - now)
 
 
-def one_key_crowds_others_out(jobs: list[Job], crowded_before: bool = False) -> bool:
-    """Whether one partition key took more than half of a claim that also brought jobs
-    of other keys (or without a key): a noisy neighbour's backlog, beside which the
-    worker tops up often (see :meth:`~pgqueue_worker.slots.SlotKind.top_up_limit`).
+def keyed_backlog(jobs: list[Job], before: bool = False) -> bool:
+    """Whether a full claim's ``jobs`` are of a backlog with partition keys, beside
+    which the worker tops up often (see
+    :meth:`~pgqueue_worker.slots.SlotKind.top_up_limit`): any job with a key says so.
 
-    A claim of one key only (or of none) says what the claims before it said
-    (``crowded_before``): between two jobs of a small tenant, the claims beside a large
-    one's backlog bring only its jobs, and the next small job must not wait for a
-    large claim again. A key alone from the start is not crowding anybody."""
-    if not jobs:
-        return False
-    first = jobs[0].partition_key
-    if all(job.partition_key == first for job in jobs):
-        return crowded_before
-    counts = Counter(job.partition_key for job in jobs)
-    return max(counts.values()) * 2 > len(jobs)
+    A claim shares its jobs between keys, but only a claim can. While one tenant's
+    backlog fills the worker's prefetch, another tenant's first job would otherwise
+    wait for half of it to drain before any claim sees it, however few jobs that
+    tenant has; and a claim of one job per key (a top-up) says nothing of how long
+    each key's backlog is. So the first job of a key that arrives after the backlog's
+    first claim waits one top-up at most, not a large claim.
+
+    A claim of jobs without a key only says what the claims before it said
+    (``before``): between two jobs of a small tenant, the claims beside a large keyless
+    backlog bring only its jobs. A queue whose jobs never have keys never tops up."""
+    if any(job.partition_key is not None for job in jobs):
+        return True
+    return before and bool(jobs)

@@ -123,7 +123,7 @@ class ClaimPolicy:
         next_run_seconds: float | None,
         *,
         idle: bool,
-        crowded: bool = False,
+        keyed_backlog: bool = False,
     ) -> None:
         """A claim for ``limit`` jobs of ``kind`` brought ``jobs``, their handlers now in
         the executor (see :meth:`~pgqueue_worker.slots.SlotKind.claimed`)."""
@@ -138,7 +138,12 @@ class ClaimPolicy:
         else:
             kind.found_nothing = idle
         kind.claimed(
-            jobs, limit, next_run_seconds, self.poll_interval, time.monotonic(), crowded=crowded
+            jobs,
+            limit,
+            next_run_seconds,
+            self.poll_interval,
+            time.monotonic(),
+            keyed_backlog=keyed_backlog,
         )
 
     def found_nothing(self) -> bool:

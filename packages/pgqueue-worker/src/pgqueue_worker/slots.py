@@ -17,10 +17,9 @@ import math
 PREFETCH_HORIZON_SECONDS = 0.1
 # Weight of the latest handler's run time in the running average that judges it.
 RUN_TIME_WEIGHT = 0.1
-# While one partition key's backlog crowds the others out of this kind's claims, claim
-# again at least this often, for whatever room there is: another key's job then waits
-# about this long for a claim, not for half the prefetch to drain (see
-# SlotKind.top_up_limit).
+# While this kind's claims come back full of jobs with partition keys, claim again at
+# least this often, for whatever room there is: another key's new job then waits about
+# this long for a claim, not for half the prefetch to drain (see SlotKind.top_up_limit).
 TOP_UP_SECONDS = 0.01
 # First wait before looking again for a job that is runnable but was locked by another
 # transaction (doubling while that lasts).
@@ -34,8 +33,8 @@ class SlotKind:
     __slots__ = (
         "busy",
         "claim_due",
-        "crowded",
         "found_nothing",
+        "keyed_backlog",
         "last_claim_at",
         "name",
         "next_run_at",
@@ -62,9 +61,9 @@ class SlotKind:
         self.recheck_delay = 0.0
         self.found_nothing = False
         """The last claim of this kind found nothing (burst mode ends on it)."""
-        self.crowded = False
-        """The last claim came back full, most of it one partition key's jobs beside
-        jobs of other keys: a noisy neighbour's backlog (see :meth:`top_up_limit`)."""
+        self.keyed_backlog = False
+        """The last claim came back full of jobs with partition keys (see
+        :func:`~pgqueue_worker.claim_loop.keyed_backlog` and :meth:`top_up_limit`)."""
 
     def describe(self) -> str:
         """For the worker's start-up line."""
@@ -105,8 +104,8 @@ class SlotKind:
 
     def top_up_limit(self, prefetch: int, now: float) -> int:
         """How many jobs to claim now beyond :meth:`claim_limit`: while the kind is
-        :attr:`crowded`, whatever room there is once TOP_UP_SECONDS passed since the last
-        claim; 0 otherwise.
+        :attr:`keyed_backlog`, whatever room there is once TOP_UP_SECONDS passed since
+        the last claim; 0 otherwise.
 
         A claim shares its jobs between partition keys, but only a claim can: while a
         large tenant's backlog fills the worker's prefetch, another tenant's new job
@@ -114,14 +113,14 @@ class SlotKind:
         of long ones) before any claim sees it. Small claims this often keep that wait
         short, and the worker's slots take the keys in turns (see
         :mod:`pgqueue_worker.waiting_line`), so the job also starts soon after."""
-        if not self.crowded or now < self.last_claim_at + TOP_UP_SECONDS:
+        if not self.keyed_backlog or now < self.last_claim_at + TOP_UP_SECONDS:
             return 0
         return max(0, self.size + self._ahead(prefetch) - self.busy)
 
     def top_up_at(self, prefetch: int) -> float | None:
-        """When the next top-up claim is due, while the kind is crowded and has room
+        """When the next top-up claim is due, while a keyed backlog lasts and the kind has room
         (without room, the next handler to return wakes the claim loop anyway)."""
-        if not self.crowded or self.size + self._ahead(prefetch) <= self.busy:
+        if not self.keyed_backlog or self.size + self._ahead(prefetch) <= self.busy:
             return None
         return self.last_claim_at + TOP_UP_SECONDS
 
@@ -154,13 +153,13 @@ class SlotKind:
         poll_interval: float,
         now: float,
         *,
-        crowded: bool = False,
+        keyed_backlog: bool = False,
     ) -> None:
         """A claim for ``limit`` jobs brought ``jobs``; ``next_run_seconds`` is how long
         until the earliest queued job is due, as the claim found it (zero or less:
-        one is runnable now; None: none is queued); ``crowded``: one partition key
-        took most of it, beside other keys' jobs. Decides when to look again."""
-        self.crowded = crowded and jobs == limit
+        one is runnable now; None: none is queued); ``keyed_backlog``: the jobs were of
+        a backlog with partition keys. Decides when to look again."""
+        self.keyed_backlog = keyed_backlog and jobs == limit
         if jobs == limit:
             self.claim_due = True  # there may be more
             self.recheck_delay = 0.0
