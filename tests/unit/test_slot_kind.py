@@ -127,3 +127,22 @@ def test_a_kind_tops_up_only_after_a_full_claim_of_a_keyed_backlog() -> None:
     assert kind.top_up_at(prefetch=512) is None
     kind.claimed(22, 22, None, POLL, now=3.0)
     assert not kind.keyed_backlog
+
+
+def test_jobs_that_drain_half_the_prefetch_within_a_top_up_interval_are_not_topped_up() -> None:
+    kind = SlotKind("plain", ["t"], size=2)
+    kind.started(1)
+    kind.returned(0.0001)  # 2 slots start 512 jobs within the horizon: the prefetch
+    kind.claiming(now=10.0)
+    kind.claimed(514, 514, None, POLL, now=10.0, keyed_backlog=True)
+    kind.started(514)
+    for _ in range(3):
+        kind.returned(0.0001)
+    # 253 jobs to go before the next claim: 13 ms of 0.1 ms jobs on 2 slots. Topped up.
+    assert kind.tops_up(prefetch=512)
+    for _ in range(100):
+        kind.returned(0.0001)
+    # 153 to go, 7.7 ms: the next claim comes sooner than a top-up would.
+    assert not kind.tops_up(prefetch=512)
+    assert kind.top_up_limit(prefetch=512, now=20.0) == 0
+    assert kind.top_up_at(prefetch=512) is None

@@ -103,9 +103,9 @@ class SlotKind:
         return room
 
     def top_up_limit(self, prefetch: int, now: float) -> int:
-        """How many jobs to claim now beyond :meth:`claim_limit`: while the kind is
-        :attr:`keyed_backlog`, whatever room there is once TOP_UP_SECONDS passed since
-        the last claim; 0 otherwise.
+        """How many jobs to claim now beyond :meth:`claim_limit`: while the kind
+        :meth:`tops_up`, whatever room there is once TOP_UP_SECONDS passed since the
+        last claim; 0 otherwise.
 
         A claim shares its jobs between partition keys, but only a claim can: while a
         large tenant's backlog fills the worker's prefetch, another tenant's new job
@@ -113,16 +113,30 @@ class SlotKind:
         of long ones) before any claim sees it. Small claims this often keep that wait
         short, and the worker's slots take the keys in turns (see
         :mod:`pgqueue_worker.waiting_line`), so the job also starts soon after."""
-        if not self.keyed_backlog or now < self.last_claim_at + TOP_UP_SECONDS:
+        if not self.tops_up(prefetch) or now < self.last_claim_at + TOP_UP_SECONDS:
             return 0
         return max(0, self.size + self._ahead(prefetch) - self.busy)
 
     def top_up_at(self, prefetch: int) -> float | None:
-        """When the next top-up claim is due, while a keyed backlog lasts and the kind has room
-        (without room, the next handler to return wakes the claim loop anyway)."""
-        if not self.keyed_backlog or self.size + self._ahead(prefetch) <= self.busy:
+        """When the next top-up claim is due, while the kind :meth:`tops_up` and has
+        room (without room, the next handler to return wakes the claim loop anyway)."""
+        if not self.tops_up(prefetch) or self.size + self._ahead(prefetch) <= self.busy:
             return None
         return self.last_claim_at + TOP_UP_SECONDS
+
+    def tops_up(self, prefetch: int) -> bool:
+        """Whether to claim every TOP_UP_SECONDS: beside a :attr:`keyed_backlog`, when
+        the slots would take longer than that to start the jobs that :meth:`claim_limit`
+        waits for. Jobs of a millisecond or less drain half the prefetch sooner: the
+        next claim comes as soon anyway, and small claims in between would only cost
+        the drain (every claim statement has a cost of its own)."""
+        if not self.keyed_backlog:
+            return False
+        if self.typical_run is None:
+            return True
+        ahead = self._ahead(prefetch)
+        waited_for = ahead // 2 - (self.size + ahead - self.busy)
+        return waited_for * self.typical_run / self.size > TOP_UP_SECONDS
 
     def _ahead(self, prefetch: int) -> int:
         """Jobs to claim ahead of the slots: as many as they should start within
