@@ -44,12 +44,14 @@ def test_a_partition_concurrency_limit_of_one_serialises_each_key_across_three_w
 ) -> None:
     keys = ("a", "b", "c")
     queue.update_queue("flow", partition_concurrency_limit=1, create=True)
+    # Two slots a worker, all three serving before the jobs come: no worker can hold
+    # every key at once, nor take them all before the others are up.
+    start_flow_workers(start_worker, 3, flow_runs, "--queue", "flow", "--concurrency", "2")
     queue.enqueue_many(
         JobSpec("record", {"sleep": 0.2}, queue="flow", partition_key=key)
         for _ in range(8)
         for key in keys
     )
-    start_flow_workers(start_worker, 3, flow_runs, "--queue", "flow", "--concurrency", "3")
 
     # While they run, the database never shows two running jobs of one key.
     running = sql.SQL(
