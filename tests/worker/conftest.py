@@ -3,6 +3,7 @@ test's schema, each stopped at the end of the test whatever happened."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,9 @@ from worker_support import ThreadedWorker, WorkerProcess, worker_environment
 
 from pgqueue import Queue
 from pgqueue_worker import Worker
+
+# Lines of each worker process's log shown under a failed test.
+WORKER_LOG_LINES_SHOWN = 200
 
 # In-process workers: short leases and intervals, so expiry and retries happen quickly.
 FAST_WORKER = {
@@ -44,6 +48,10 @@ def start_worker(
     yield start
     for process in started:
         process.ensure_gone()
+        # Shown by pytest only for a test that failed: what each worker logged last.
+        if process.log_path.exists():
+            tail = process.log().splitlines()[-WORKER_LOG_LINES_SHOWN:]
+            print(f"--- {process.log_path.name}, last lines", *tail, sep="\n", file=sys.stderr)
 
 
 @pytest.fixture
